@@ -1,0 +1,103 @@
+"""Drafts: anything that proposes K tokens and the distributions q they were sampled from.
+
+A draft is a hashable object (a static jit argument) with
+
+- `shares_target_cache: bool` - True when the draft reads and writes the target's own KV cache
+  (self-speculative early exit), so it needs no cache or prefill of its own;
+- `init(params, prompt_tokens [B,P] int32, max_len) -> state` - its own state (e.g. a prefilled
+  KV cache), or None;
+- `propose(params, state, tokens [B,S] int32, lengths [B] int32, key, *, num_draft_tokens,
+  sampling, vocab_size) -> (draft_tokens [B,K] int32, q [B,K,V] float32, state)`.
+
+`tokens[b, :lengths[b]]` is the committed sequence of row b. A draft's cache (like the target's)
+only has to hold entries for committed tokens before `lengths - 2`: it rolls back by the length
+pointer alone. A model is a hashable callable `forward(params, tokens [B,T], cache, start [B]) ->
+(logits [B,T,V], cache)` with a method `init_cache(batch_size, max_len) -> cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec import ngram
+from jaxspec.sampling import SamplingConfig, process_logits, sample
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDraft:
+  """A draft language model with the target's vocabulary.
+
+  With `shares_target_cache=False` it is a separate model with its own KV cache. With True it is
+  a self-speculative early exit (the target's first layers with its final norm and head): it runs
+  on the target's params and cache, and the target's verify pass overwrites what it wrote.
+
+  Each round the first draft step feeds the last `2` committed tokens (1 when sharing the target's
+  cache), so the draft's cache never lags behind after a fully accepted window, without an extra
+  forward pass. Proposals are sampled from `process_logits(logits, sampling)`, the same q that is
+  returned for verification.
+  """
+
+  forward: Callable[..., Any]
+  shares_target_cache: bool = False
+
+  def init(self, params, prompt_tokens, max_len):
+    if self.shares_target_cache:
+      return None
+    b, p = prompt_tokens.shape
+    cache = self.forward.init_cache(b, max_len)
+    _, cache = self.forward(params, prompt_tokens, cache, jnp.zeros((b,), jnp.int32))
+    return cache
+
+  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens: int,
+              sampling: SamplingConfig, vocab_size: int):
+    del vocab_size
+    width = 1 if self.shares_target_cache else 2
+    start = jnp.maximum(lengths - width, 0)
+    window = jnp.take_along_axis(tokens, start[:, None] + jnp.arange(width), axis=1)
+    logits, cache = self.forward(params, window, state, start)
+    last = jnp.take_along_axis(logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
+    keys = jax.random.split(key, num_draft_tokens)
+
+    def step(carry, step_key):
+      last_logits, cache, position = carry
+      q = process_logits(last_logits, sampling)
+      x = sample(step_key, q)
+      logits, cache = self.forward(params, x[:, None], cache, position)
+      return (logits[:, 0], cache, position + 1), (x, q)
+
+    (last, cache, _), (xs, qs) = jax.lax.scan(step, (last, cache, lengths), keys[:-1])
+    q_last = process_logits(last, sampling)
+    x_last = sample(keys[-1], q_last)
+    draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
+    q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
+    return draft_tokens, q, cache
+
+
+@dataclasses.dataclass(frozen=True)
+class NGramDraft:
+  """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the
+  row's last n tokens (n from `max_ngram` down to `min_ngram`). Its q is one-hot, so exact
+  sampling stays exact. No parameters, no cache."""
+
+  max_ngram: int = 3
+  min_ngram: int = 1
+  shares_target_cache = False
+
+  def __post_init__(self):
+    if not 1 <= self.min_ngram <= self.max_ngram:
+      raise ValueError(f'need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}')
+
+  def init(self, params, prompt_tokens, max_len):
+    del params, prompt_tokens, max_len
+    return None
+
+  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens: int,
+              sampling: SamplingConfig, vocab_size: int):
+    del params, key, sampling
+    draft_tokens = ngram.lookup(tokens, lengths, num_draft_tokens, self.max_ngram,
+                                self.min_ngram)
+    return draft_tokens, jax.nn.one_hot(draft_tokens, vocab_size, dtype=jnp.float32), state

@@ -1,0 +1,59 @@
+"""Per-row decoding metrics, accumulated on device inside the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+  """Counters per row (all int32). Tokens after an EOS or past `max_new_tokens` are never counted.
+
+  Attributes:
+    target_forward_passes: `[B]` verify (decode) passes of the target; prefill excluded.
+    drafted: `[B]` drafted tokens that were examined (K per round, fewer in a round cut short by
+      an EOS or the token budget).
+    accepted: `[B]` drafted tokens accepted and committed.
+    new_tokens: `[B]` tokens committed after the prompt.
+    accepted_hist: `[B, K+1]` number of rounds that accepted 0..K drafted tokens.
+  """
+
+  target_forward_passes: jax.Array
+  drafted: jax.Array
+  accepted: jax.Array
+  new_tokens: jax.Array
+  accepted_hist: jax.Array
+
+  @classmethod
+  def zeros(cls, batch_size: int, num_draft_tokens: int) -> Metrics:
+    z = jnp.zeros((batch_size,), jnp.int32)
+    return cls(z, z, z, z, jnp.zeros((batch_size, num_draft_tokens + 1), jnp.int32))
+
+  def update(self, active, num_drafted, num_accepted, num_committed) -> Metrics:
+    """Adds one round; `active` `[B]` bool masks rows that were already finished."""
+    a = active.astype(jnp.int32)
+    hist = jax.nn.one_hot(num_accepted, self.accepted_hist.shape[1], dtype=jnp.int32)
+    return Metrics(self.target_forward_passes + a, self.drafted + a * num_drafted,
+                   self.accepted + a * num_accepted, self.new_tokens + a * num_committed,
+                   self.accepted_hist + a[:, None] * hist)
+
+
+def summarize(metrics: Metrics) -> dict:
+  """Batch totals as Python numbers: acceptance_rate = accepted / drafted (0 when nothing was
+  drafted), mean_accepted_length = new tokens / target forward passes (tokens per pass)."""
+  m = jax.tree.map(np.asarray, metrics)
+  passes, drafted = int(m.target_forward_passes.sum()), int(m.drafted.sum())
+  return {
+      'new_tokens': int(m.new_tokens.sum()),
+      'target_forward_passes': passes,
+      'drafted_tokens': drafted,
+      'accepted_tokens': int(m.accepted.sum()),
+      'acceptance_rate': float(m.accepted.sum() / drafted) if drafted else 0.0,
+      'mean_accepted_length': float(m.new_tokens.sum() / passes) if passes else 0.0,
+      'accepted_length_histogram': m.accepted_hist.sum(0).tolist(),
+  }

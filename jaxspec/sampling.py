@@ -1,0 +1,77 @@
+"""Sampling rules: temperature, top-k and top-p turn logits into a processed distribution.
+
+Speculative sampling needs the processed distributions themselves, not only sampled tokens: the
+same processing must be applied to the target's p and the draft's q, and the draft must sample from
+exactly the q that the acceptance test uses. Everything here is float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+  """How logits become a distribution.
+
+  Attributes:
+    temperature: >= 0; 0 means greedy (argmax), and speculative decoding then reproduces the
+      target's greedy output token for token.
+    top_k: keep the k most likely tokens (ties at the k-th value are kept); 0 disables.
+    top_p: nucleus sampling, keep the smallest set of most likely tokens whose mass is >= top_p;
+      must be in (0, 1]; 1 disables.
+  Raises:
+    ValueError: on an out-of-range value, when the config is built.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f'temperature must be >= 0 (0 = greedy), got {self.temperature}')
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f'top_p must be in (0, 1], got {self.top_p}')
+    if self.top_k < 0:
+      raise ValueError(f'top_k must be >= 0 (0 = off), got {self.top_k}')
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Applies temperature, then top-k, then top-p, and normalizes.
+
+  Args:
+    logits: `[..., V]` float.
+    config: the sampling rule. Greedy gives a one-hot of the argmax.
+  Returns:
+    probs `[..., V]` float32, summing to 1 over the last axis.
+  """
+  logits = logits.astype(jnp.float32)
+  v = logits.shape[-1]
+  if config.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+  logits = logits / config.temperature
+  if 0 < config.top_k < v:
+    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if config.top_p < 1:
+    sorted_desc = -jnp.sort(-probs, axis=-1)
+    mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
+    kept = mass_before < config.top_p  # always keeps the most likely token
+    threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    probs = jnp.where(probs >= threshold, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  return probs
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token per distribution: probs `[..., V]` float32 -> tokens `[...]` int32."""
+  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

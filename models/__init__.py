@@ -1,0 +1,1 @@
+"""Concrete models, weight loaders and tokenizers that plug into `jaxspec`."""
