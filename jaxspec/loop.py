@@ -38,6 +38,8 @@ class DecodeConfig:
     sampling: how logits become distributions (temperature 0 = greedy).
     eos_id: a row stops after committing this token; None = never.
     pad_id: fills the token buffer past each row's length.
+    max_len: the model's context length in tokens; a padded prompt + max_new_tokens + K + 1 that
+      exceeds it is rejected before any work. None = unchecked.
   """
 
   num_draft_tokens: int = 4
@@ -45,6 +47,7 @@ class DecodeConfig:
   sampling: SamplingConfig = SamplingConfig()
   eos_id: int | None = None
   pad_id: int = 0
+  max_len: int | None = None
 
   def __post_init__(self):
     if self.num_draft_tokens < 0:
@@ -210,9 +213,16 @@ def validate_inputs(prompt_tokens, prompt_lengths, *, draft, config: DecodeConfi
                      'every prompt needs at least one token')
   if np.any(prompt_lengths > prompt_tokens.shape[1]):
     raise ValueError(f'prompt_lengths exceed the padded prompt length {prompt_tokens.shape[1]}')
-  if config.num_draft_tokens > 0 and draft is None:
-    raise ValueError('num_draft_tokens > 0 needs a draft; use num_draft_tokens=0 for plain '
-                     'decoding')
+  if draft is not None and config.num_draft_tokens < 1:
+    raise ValueError(f'num_draft_tokens must be >= 1 with a draft, got '
+                     f'{config.num_draft_tokens} (plain decoding: draft=None)')
+  if draft is None and config.num_draft_tokens > 0:
+    raise ValueError('num_draft_tokens > 0 needs a draft (plain decoding: num_draft_tokens=0)')
+  needed = prompt_tokens.shape[1] + config.max_new_tokens + config.num_draft_tokens + 1
+  if config.max_len is not None and needed > config.max_len:
+    raise ValueError(f'the prompt does not fit the cache: {prompt_tokens.shape[1]} prompt tokens '
+                     f'(padded) + {config.max_new_tokens} new + {config.num_draft_tokens + 1} '
+                     f'window = {needed} > max_len {config.max_len}')
 
 
 def generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
@@ -238,7 +248,7 @@ def generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
   validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
   return _decode_jit(target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
                      jnp.asarray(prompt_lengths, jnp.int32), key, target=target,
-                     draft=draft if config.num_draft_tokens else None, config=config)
+                     draft=draft, config=config)
 
 
 def generate_steps(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
@@ -246,7 +256,7 @@ def generate_steps(target_params, draft_params, prompt_tokens, prompt_lengths, k
   """The debug/streaming twin of `generate`: a Python loop over the same jitted
   `speculative_step` (state donated), yielding the state after every round."""
   validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
-  statics = dict(target=target, draft=draft if config.num_draft_tokens else None, config=config)
+  statics = dict(target=target, draft=draft, config=config)
   state = jax.jit(init_state, static_argnames=tuple(statics))(
       target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
       jnp.asarray(prompt_lengths, jnp.int32), key, **statics)

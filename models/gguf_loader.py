@@ -76,7 +76,7 @@ def config_from_gguf(reader, dtype: str = 'float32') -> LlamaConfig:
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
   """Undoes llama.cpp's Q/K row permutation: (out, in) rows back to the rotate_half layout."""
   out = w.shape[0]
-  return w.reshape(n_head, 2, out // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def load_gguf(path: str, dtype: str = 'float32'):
