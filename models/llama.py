@@ -201,7 +201,12 @@ class Llama(nn.Module):
   def head(self, x_BTD):
     """Final norm and output head: hidden [B,T,D] -> logits [B,T,V] float32."""
     x = self.final_norm(x_BTD)
-    logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
+    if self.config.tie_embeddings:
+      # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for T > 1
+      # than `x @ embedding.T`.
+      logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, x).transpose(1, 2, 0)
+    else:
+      logits = self.lm_head(x)
     return logits.astype(jnp.float32)
 
   def __call__(self, tokens_BT, cache, start_B, num_layers=None):
