@@ -1,0 +1,115 @@
+"""The verification math against a float64 NumPy reference (Leviathan et al. 2023, Alg. 1)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec as js
+from tests import toys
+
+ALPHA = 1e-3
+
+
+def reference_outcomes(p, q, drafted):
+  """Exact probability of each outcome (num_accepted, next_token) for one row, float64.
+
+  p `[K+1, V]`, q `[K, V]`, drafted `[K]` -> `[K+1, V]`."""
+  p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+  p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)  # float32 round-off
+  k, v = q.shape
+  out = np.zeros((k + 1, v))
+  reach = 1.0
+  for i in range(k):
+    x = drafted[i]
+    accept = min(1.0, p[i, x] / q[i, x])
+    residual = np.maximum(p[i] - q[i], 0.0)
+    if residual.sum() > 0:
+      out[i] = reach * (1 - accept) * residual / residual.sum()
+    reach *= accept
+  out[k] = reach * p[k]
+  return out
+
+
+def _random_case(seed, k, v):
+  rng = np.random.default_rng(seed)
+  p = rng.dirichlet(np.full(v, 0.7), size=k + 1).astype(np.float32)
+  q = rng.dirichlet(np.full(v, 0.7), size=k).astype(np.float32)
+  drafted = np.array([rng.choice(v, p=q[i] / q[i].sum()) for i in range(k)], np.int32)
+  return p, q, drafted
+
+
+@pytest.mark.parametrize('seed, k, v', [(0, 1, 4), (1, 3, 5), (2, 5, 3)])
+def test_exact_outcomes_match_reference(seed, k, v):
+  p, q, drafted = _random_case(seed, k, v)
+  n = 100_000
+  keys = jax.random.split(jax.random.key(seed), n)
+  accepted, nxt = jax.jit(jax.vmap(lambda key: js.verify_exact(
+      key, drafted[None], q[None], p[None])))(keys)
+  counts = np.zeros((k + 1, v))
+  np.add.at(counts, (np.asarray(accepted)[:, 0], np.asarray(nxt)[:, 0]), 1)
+  expected = reference_outcomes(p, q, drafted)
+  assert abs(expected.sum() - 1) < 1e-9
+  assert toys.chi_square_pvalue(counts, expected) > ALPHA
+
+
+def test_equal_distributions_accept_everything():
+  p, q, drafted = _random_case(3, 4, 6)
+  p[:4] = q
+  accepted, _ = js.verify_exact(jax.random.key(0), jnp.tile(drafted, (64, 1)),
+                                jnp.tile(q, (64, 1, 1)), jnp.tile(p, (64, 1, 1)))
+  assert np.all(np.asarray(accepted) == 4)
+
+
+def test_impossible_draft_is_rejected_and_replaced_from_p():
+  v = 4
+  p = np.array([[0.0, 0.5, 0.5, 0.0], [0.25] * 4], np.float32)
+  q = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)  # one-hot on a token p never produces
+  keys = jax.random.split(jax.random.key(0), 4000)
+  accepted, nxt = jax.vmap(lambda key: js.verify_exact(
+      key, jnp.zeros((1, 1), jnp.int32), q[None], p[None]))(keys)
+  assert np.all(np.asarray(accepted) == 0)
+  counts = np.bincount(np.asarray(nxt)[:, 0], minlength=v)
+  assert counts[0] == 0 and counts[3] == 0
+  assert toys.chi_square_pvalue(counts, p[0]) > ALPHA
+
+
+def test_greedy_matches_reference():
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    k, v = rng.integers(1, 6), rng.integers(2, 6)
+    logits = rng.normal(size=(1, k + 1, v)).astype(np.float32)
+    target = logits[0].argmax(-1)
+    drafted = np.where(rng.random(k) < 0.6, target[:k], rng.integers(0, v, k)).astype(np.int32)
+    n = 0
+    while n < k and drafted[n] == target[n]:
+      n += 1
+    accepted, nxt = js.verify_greedy(jnp.asarray(drafted[None]), jnp.asarray(logits))
+    assert (int(accepted[0]), int(nxt[0])) == (n, target[n])
+
+
+def test_shape_errors():
+  with pytest.raises(ValueError, match=r'\[B, K\+1, V\]'):
+    js.verify_greedy(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 5)))
+  with pytest.raises(ValueError, match=r'\[B, K, V\]'):
+    js.verify_exact(jax.random.key(0), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 4)),
+                    jnp.zeros((2, 4, 5)))
+
+
+def test_sampling_processing():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  np.testing.assert_allclose(js.process_logits(logits, js.SamplingConfig()), [[0.5, 0.3, 0.15,
+                                                                               0.05]], rtol=1e-6)
+  np.testing.assert_allclose(js.process_logits(logits, js.SamplingConfig(top_k=2)),
+                             [[0.625, 0.375, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(js.process_logits(logits, js.SamplingConfig(top_p=0.8)),
+                             [[0.625, 0.375, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(js.process_logits(logits, js.SamplingConfig(top_p=0.81)),
+                             [[0.5, 0.3, 0.15, 0]] / np.float32(0.95), rtol=1e-6)
+  np.testing.assert_array_equal(js.process_logits(logits, js.SamplingConfig(temperature=0)),
+                                [[1, 0, 0, 0]])
+  hot = js.process_logits(logits, js.SamplingConfig(temperature=0.5))
+  expected = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
+  np.testing.assert_allclose(hot[0], expected / expected.sum(), rtol=1e-5)
