@@ -207,18 +207,19 @@ class ShardedModel:
 _MULTIHOST_ENV = ('JAX_COORDINATOR_ADDRESS', 'COORDINATOR_ADDRESS')
 
 
-def initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
+def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
   """Calls `jax.distributed.initialize()` when this process is one of several hosts.
 
   Detected from the standard environment: `JAX_COORDINATOR_ADDRESS` (with `JAX_NUM_PROCESSES`,
   `JAX_PROCESS_ID`), a multi-host TPU VM slice (`TPU_WORKER_HOSTNAMES` with several hosts,
   or `MEGASCALE_COORDINATOR_ADDRESS`), SLURM (`SLURM_NTASKS` > 1) or Open MPI
-  (`OMPI_COMM_WORLD_SIZE` > 1); jax fills in the rest itself. Call it before any other jax call.
-  Returns True when it initialized, False on a single host.
+  (`OMPI_COMM_WORLD_SIZE` > 1); jax fills in the rest itself (on Cloud TPU from the VM
+  metadata). `JAXSPEC_MULTIHOST=1` forces it, e.g. on a TPU pod slice whose environment names
+  none of these. Call it before any other jax call. Returns True when it initialized.
   """
   env = os.environ if env is None else env
   coordinator = next((env[k] for k in _MULTIHOST_ENV if env.get(k)), None)
-  multi = (coordinator is not None
+  multi = (env.get('JAXSPEC_MULTIHOST') == '1' or coordinator is not None
            or len([h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1
            or bool(env.get('MEGASCALE_COORDINATOR_ADDRESS'))
            or int(env.get('SLURM_NTASKS', '1') or 1) > 1
