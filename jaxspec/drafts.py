@@ -62,16 +62,18 @@ class ModelDraft:
     last = jnp.take_along_axis(logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
     keys = jax.random.split(key, num_draft_tokens)
 
+    draw = (lambda k, q: jnp.argmax(q, axis=-1).astype(jnp.int32)) if sampling.greedy else sample
+
     def step(carry, step_key):
       last_logits, cache, position = carry
       q = process_logits(last_logits, sampling)
-      x = sample(step_key, q)
+      x = draw(step_key, q)
       logits, cache = self.forward(params, x[:, None], cache, position)
       return (logits[:, 0], cache, position + 1), (x, q)
 
     (last, cache, _), (xs, qs) = jax.lax.scan(step, (last, cache, lengths), keys[:-1])
     q_last = process_logits(last, sampling)
-    x_last = sample(keys[-1], q_last)
+    x_last = draw(keys[-1], q_last)
     draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
     q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
     return draft_tokens, q, cache

@@ -74,13 +74,22 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
     if not 1 <= n < target_config.num_layers:
       raise ValueError(f'early-exit:{n} needs 1 <= N < {target_config.num_layers} (the '
                        'target\'s layer count)')
-    return jaxspec.ModelDraft(LlamaForward(target_config, num_layers=n),
-                              shares_target_cache=True), target_params
+    forward = sharded_forward(LlamaForward(target_config, num_layers=n), target_config, mesh)
+    return jaxspec.ModelDraft(forward, shares_target_cache=True), target_params
   trained = _load_trained_draft(spec, target_config, target_params, mesh)
   if trained is not None:
     return trained
   config, params, _ = load_model(spec, dtype, mesh)
-  return jaxspec.ModelDraft(LlamaForward(config)), params
+  return jaxspec.ModelDraft(sharded_forward(LlamaForward(config), config, mesh)), params
+
+
+def sharded_forward(forward, config, mesh):
+  """The model callable; under a mesh, one whose KV caches are sharded by the project's rules."""
+  if mesh is None:
+    return forward
+  from jaxspec import sharding  # pylint: disable=g-import-not-at-top
+  from models.llama import cache_logical_axes  # pylint: disable=g-import-not-at-top
+  return sharding.ShardedModel.wrap(forward, cache_logical_axes(config), mesh)
 
 
 def _load_trained_draft(path, target_config, target_params, mesh):

@@ -98,7 +98,7 @@ def main(argv=None):
   ids = [tok.encode(p) if args.no_chat else tok.encode_chat(p) for p in prompts]
   tokens, lengths = js.pad_prompts(ids, pad_id=tok.pad_id, bucket=args.bucket)
   key = jax.random.key(args.seed)
-  target = LlamaForward(config)
+  target = loading.sharded_forward(LlamaForward(config), config, mesh)
 
   def compile_and_run(draft_obj, dparams, k):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
