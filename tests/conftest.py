@@ -1,6 +1,16 @@
-"""Shared test setup: CPU, float32 matmuls, key-reuse checking on."""
+"""Shared test setup: CPU, float32 matmuls, key-reuse checking on.
 
-import jax
+XLA's backend optimization is lowered for the tests: they are dominated by compiling many small
+programs, and -O0 compiles about a third faster with the same results (the same assertions pass
+at the default level).
+"""
+
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_backend_optimization_level=0').strip()
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_debug_key_reuse', True)
 jax.config.update('jax_default_matmul_precision', 'highest')
