@@ -1,0 +1,259 @@
+"""Trained drafts for a Llama target, as `forward(params, tokens [B,T], cache, start [B]) ->
+(logits [B,T,V], cache)` callables with `init_cache`, so that `jaxspec.ModelDraft` runs them
+unchanged.
+
+- `ExitDraftForward`: a self-speculative exit (LayerSkip / Kangaroo style). The target's first
+  `exit_layer` blocks (its own weights and its own KV cache: use
+  `ModelDraft(..., shares_target_cache=True)`), then a small trainable adapter (a residual SwiGLU
+  MLP, no attention, so it needs no cache of its own), a trainable norm and a trainable head.
+  Params: `{'target': target_params, 'adapter': {...}, 'vocab_ids': [W]}`; `target` is the
+  target's own pytree, referenced, not copied.
+- `SmallDraftForward`: a separate small Llama (a few blocks of the target's width, initialized
+  from chosen target blocks) with its own KV cache. It reads the target's input embedding by
+  reference: params `{'embed': target_embedding [V,D], 'blocks': {...}, 'head': [W,D],
+  'vocab_ids': [W]}`.
+
+Both have a reduced output vocabulary (FR-Spec, Zhao et al. 2025): the head scores only the W
+most frequent tokens `vocab_ids` of the target's own generations; every other token gets logit
+-inf, so q is exactly zero there and exact speculative sampling stays exact (the verifier only
+needs q to be the distribution the draft sampled from).
+
+Shape letters: B batch, T tokens, D width, F adapter MLP width, V vocabulary, W draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import llama
+
+Params = Any
+
+
+def expand_vocab(logits_BTW: jax.Array, vocab_ids_W: jax.Array, vocab_size: int) -> jax.Array:
+  """Draft-vocabulary logits `[B,T,W]` -> full-vocabulary logits `[B,T,V]`, -inf elsewhere."""
+  full = jnp.full(logits_BTW.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
+  return full.at[..., vocab_ids_W].set(logits_BTW.astype(jnp.float32))
+
+
+def frequent_vocab(token_counts: np.ndarray, size: int, always=()) -> np.ndarray:
+  """The `size` most frequent token ids (ties by id), always including `always`; sorted int32."""
+  if not 0 < size <= len(token_counts):
+    raise ValueError(f'draft vocabulary size must be in [1, {len(token_counts)}], got {size}')
+  order = np.argsort(-np.asarray(token_counts), kind='stable')
+  keep = list(dict.fromkeys([int(t) for t in always] + order.tolist()))[:size]
+  return np.sort(np.asarray(keep, np.int32))
+
+
+def _rms_norm(x, scale, eps):
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * scale
+
+
+def _head(head_WD, x_BTD):
+  # [W, D] x [B, T, D] with W leading: the layout XLA:CPU runs fastest (see Llama.head).
+  return jnp.einsum('WD,BTD->WBT', head_WD, x_BTD).transpose(1, 2, 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExitDraftConfig:
+  """exit_layer: target blocks run before the adapter; adapter_mlp_dim: F; draft_vocab_size: W."""
+
+  exit_layer: int = 8
+  adapter_mlp_dim: int = 1536
+  draft_vocab_size: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitDraftForward:
+  """Target blocks `0..exit_layer-1`, then `x + MLP(norm(x))`, norm, reduced head."""
+
+  target_config: llama.LlamaConfig
+  draft: ExitDraftConfig = ExitDraftConfig()
+
+  def __post_init__(self):
+    if not 0 < self.draft.exit_layer < self.target_config.num_layers:
+      raise ValueError(f'exit_layer must be in [1, {self.target_config.num_layers - 1}], got '
+                       f'{self.draft.exit_layer}')
+
+  def hidden(self, target_params, tokens_BT, cache, start_B):
+    """The target's hidden state after `exit_layer` blocks: `[B,T,D]` and the updated cache."""
+    return llama.Llama(self.target_config).apply(
+        {'params': target_params}, tokens_BT, cache, start_B, num_layers=self.draft.exit_layer,
+        method=llama.Llama.hidden)
+
+  def adapter_logits(self, adapter, x_BTD):
+    """Adapter and reduced head: hidden `[B,T,D]` -> draft-vocabulary logits `[B,T,W]`."""
+    eps = self.target_config.norm_eps
+    h = _rms_norm(x_BTD, adapter['norm'], eps)
+    h = jax.nn.silu(h @ adapter['gate']) * (h @ adapter['up'])
+    x = x_BTD + h @ adapter['down']
+    return _head(adapter['head'], _rms_norm(x, adapter['final_norm'], eps))
+
+  def __call__(self, params, tokens_BT, cache, start_B):
+    x, cache = self.hidden(params['target'], tokens_BT, cache, start_B)
+    logits = self.adapter_logits(params['adapter'], x)
+    return expand_vocab(logits, params['vocab_ids'], self.target_config.vocab_size), cache
+
+  def init_cache(self, batch_size: int, max_len: int):
+    return llama.init_cache(self.target_config, batch_size, max_len)
+
+
+def init_exit_adapter(target_config, target_params, draft: ExitDraftConfig, vocab_ids,
+                      key) -> Params:
+  """Adapter params: MLP with a zero output projection (so it starts as the plain early exit),
+  the target's final norm and the target's tied-embedding rows of the draft vocabulary."""
+  d, f = target_config.embed_dim, draft.adapter_mlp_dim
+  k1, k2 = jax.random.split(key)
+  embedding = target_params['embed']['embedding']
+  return {
+      'norm': jnp.ones((d,), jnp.float32),
+      'gate': jax.random.normal(k1, (d, f), jnp.float32) * d ** -0.5,
+      'up': jax.random.normal(k2, (d, f), jnp.float32) * d ** -0.5,
+      'down': jnp.zeros((f, d), jnp.float32),
+      'final_norm': jnp.asarray(target_params['final_norm']['scale'], jnp.float32),
+      'head': jnp.asarray(embedding[jnp.asarray(vocab_ids)], jnp.float32),
+  }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SmallDraftConfig:
+  """source_layers: the target blocks the draft's blocks are initialized from (their number is
+  the draft's depth); draft_vocab_size: W."""
+
+  source_layers: tuple[int, ...] = (0, 1, 2, 28, 29)
+  draft_vocab_size: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallDraftForward:
+  """A separate Llama of `len(source_layers)` blocks with the target's width and tokenizer."""
+
+  target_config: llama.LlamaConfig
+  draft: SmallDraftConfig = SmallDraftConfig()
+
+  @property
+  def config(self) -> llama.LlamaConfig:
+    return dataclasses.replace(self.target_config, num_layers=len(self.draft.source_layers))
+
+  def reduced_logits(self, params, tokens_BT, cache, start_B):
+    """Draft-vocabulary logits `[B,T,W]` and the updated cache."""
+    variables = {'params': {**params['blocks'], 'embed': {'embedding': params['embed']}}}
+    model = llama.Llama(self.config)
+    x, cache = model.apply(variables, tokens_BT, cache, start_B, method=llama.Llama.hidden)
+    x = model.apply(variables, x, method=lambda m, h: m.final_norm(h))
+    return _head(params['head'], x), cache
+
+  def __call__(self, params, tokens_BT, cache, start_B):
+    logits, cache = self.reduced_logits(params, tokens_BT, cache, start_B)
+    return expand_vocab(logits, params['vocab_ids'], self.target_config.vocab_size), cache
+
+  def init_cache(self, batch_size: int, max_len: int):
+    return llama.init_cache(self.config, batch_size, max_len)
+
+
+def init_small_draft(target_config, target_params, draft: SmallDraftConfig, vocab_ids) -> dict:
+  """Trainable small-draft params (copies of the chosen target blocks, final norm, head rows)."""
+  for i in draft.source_layers:
+    if not 0 <= i < target_config.num_layers:
+      raise ValueError(f'source layer {i} is not a layer of the {target_config.num_layers}-layer '
+                       'target')
+  copy = lambda t: jax.tree.map(lambda a: jnp.array(a, jnp.float32), t)
+  blocks = {f'layers_{j}': copy(target_params[f'layers_{i}'])
+            for j, i in enumerate(draft.source_layers)}
+  blocks['final_norm'] = copy(target_params['final_norm'])
+  head = jnp.asarray(target_params['embed']['embedding'][jnp.asarray(vocab_ids)], jnp.float32)
+  return {'blocks': blocks, 'head': head}
+
+
+# ---- saving and loading (safetensors + json; the target's arrays are never stored) ----
+
+def _flatten(tree, prefix=''):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def _unflatten(flat):
+  tree = {}
+  for name, v in flat.items():
+    node = tree
+    *path, leaf = name.split('.')
+    for p in path:
+      node = node.setdefault(p, {})
+    node[leaf] = v
+  return tree
+
+
+def save_draft(directory: str, kind: str, draft_config, trainable: Params, vocab_ids,
+               dtype: str = 'float16', info: dict | None = None) -> None:
+  """Writes `draft.json` and `draft.safetensors` (trainable arrays in `dtype`, plus vocab_ids)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  flat = {k: np.asarray(v, dtype) for k, v in _flatten(trainable).items()}
+  flat['vocab_ids'] = np.asarray(vocab_ids, np.int32)
+  save_file(flat, os.path.join(directory, 'draft.safetensors'))
+  meta = {'kind': kind, 'config': dataclasses.asdict(draft_config), 'info': info or {}}
+  with open(os.path.join(directory, 'draft.json'), 'w', encoding='utf-8') as f:
+    json.dump(meta, f, indent=2)
+
+
+def load_draft(directory: str, target_config, target_params):
+  """Returns `(forward, params, shares_target_cache)` for a draft saved by `save_draft`; params
+  reference the target's arrays. Raises FileNotFoundError / ValueError with the reason."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(directory, 'draft.json'), encoding='utf-8') as f:
+    meta = json.load(f)
+  flat = load_file(os.path.join(directory, 'draft.safetensors'))
+  vocab_ids = jnp.asarray(flat.pop('vocab_ids'))
+  trainable = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _unflatten(flat))
+  cfg = meta['config']
+  if meta['kind'] == 'exit':
+    forward = ExitDraftForward(target_config, ExitDraftConfig(**cfg))
+    return forward, {'target': target_params, 'adapter': trainable, 'vocab_ids': vocab_ids}, True
+  if meta['kind'] == 'small':
+    cfg['source_layers'] = tuple(cfg['source_layers'])
+    forward = SmallDraftForward(target_config, SmallDraftConfig(**cfg))
+    params = {'embed': target_params['embed']['embedding'], **trainable, 'vocab_ids': vocab_ids}
+    return forward, params, False
+  raise ValueError(f'{directory}: unknown draft kind {meta["kind"]!r} (expected exit or small)')
+
+
+def load_trained_draft(directory: str, target_config, target_params, mesh=None):
+  """`(jaxspec.ModelDraft, draft params)` for a draft saved by `save_draft` (the form
+  `models.loading.load_draft` expects). With a mesh the small arrays stay replicated; the
+  target's arrays keep their own placement."""
+  del mesh
+  import jaxspec  # pylint: disable=g-import-not-at-top
+  forward, params, shares = load_draft(directory, target_config, target_params)
+  return jaxspec.ModelDraft(forward, shares_target_cache=shares), params
+
+
+def distill_loss(logits_BTW, idx_BTk, prob_BTk, mask_BT):
+  """DistillSpec forward-KL loss on the draft vocabulary.
+
+  Args:
+    logits_BTW: draft logits `[B,T,W]`.
+    idx_BTk, prob_BTk: the teacher's top-k tokens as draft-vocabulary indices `[B,T,k]` int32 and
+      their probabilities renormalized over the draft vocabulary `[B,T,k]` (0 for dropped ones).
+    mask_BT: `[B,T]` float, 1 where the loss counts.
+  Returns:
+    (masked mean cross-entropy, i.e. forward KL(p || q) up to a constant; top-1 agreement rate,
+    the greedy acceptance proxy).
+  """
+  logq = jax.nn.log_softmax(logits_BTW.astype(jnp.float32), axis=-1)
+  ce = -jnp.sum(prob_BTk * jnp.take_along_axis(logq, idx_BTk, axis=-1), axis=-1)
+  n = jnp.maximum(mask_BT.sum(), 1.0)
+  agree = (jnp.argmax(logits_BTW, -1) == idx_BTk[..., 0]) & (prob_BTk[..., 0] > 0)
+  return jnp.sum(ce * mask_BT) / n, jnp.sum(agree * mask_BT) / n

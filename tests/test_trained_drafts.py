@@ -1,0 +1,145 @@
+"""Trained drafts (models/draft_heads.py): exactness on tiny Llama targets, and on SmolLM2 with the
+committed draft when the model is installed.
+
+- Greedy output with an exit-adapter draft (shared cache) and a small reduced-vocabulary draft
+  (own cache) equals plain greedy output token for token, for several K.
+- Sampled output with reduced-vocabulary drafts (q exactly zero outside the draft vocabulary)
+  follows the target's distribution: chi-square on the joint of the first 3 tokens (V = 5, N =
+  20000 rows, fixed keys), failing when p < 1e-3, as in tests/test_exactness.py.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec as js
+from models import draft_heads, llama
+from tests import toys
+
+DRAFT_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts', 'smollm2_exit')
+
+
+def _random_adapter(config, params, draft, vocab_ids, key):
+  adapter = draft_heads.init_exit_adapter(config, params, draft, vocab_ids, key)
+  # A non-zero output projection, so the adapter really changes the exit's predictions.
+  adapter['down'] = 0.5 * jax.random.normal(jax.random.key(7), adapter['down'].shape)
+  return adapter
+
+
+def _drafts(config, params, vocab_ids):
+  """An exit-adapter draft and a small draft, both with the reduced vocabulary `vocab_ids`."""
+  exit_cfg = draft_heads.ExitDraftConfig(exit_layer=1, adapter_mlp_dim=16,
+                                         draft_vocab_size=len(vocab_ids))
+  exit_params = {'target': params, 'vocab_ids': jnp.asarray(vocab_ids),
+                 'adapter': _random_adapter(config, params, exit_cfg, vocab_ids,
+                                            jax.random.key(3))}
+  small_cfg = draft_heads.SmallDraftConfig(source_layers=(1,), draft_vocab_size=len(vocab_ids))
+  small_params = {'embed': params['embed']['embedding'], 'vocab_ids': jnp.asarray(vocab_ids),
+                  **draft_heads.init_small_draft(config, params, small_cfg, vocab_ids)}
+  return [
+      (js.ModelDraft(draft_heads.ExitDraftForward(config, exit_cfg), shares_target_cache=True),
+       exit_params),
+      (js.ModelDraft(draft_heads.SmallDraftForward(config, small_cfg)), small_params),
+  ]
+
+
+def test_expand_vocab_puts_zero_mass_outside():
+  logits = jnp.asarray([[[1.0, 2.0]]])
+  full = draft_heads.expand_vocab(logits, jnp.asarray([1, 3]), 5)
+  q = js.process_logits(full, js.SamplingConfig(temperature=0.7, top_p=0.9))
+  assert np.all(np.asarray(q)[..., [0, 2, 4]] == 0)
+  np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-6)
+
+
+def test_frequent_vocab_keeps_always_tokens():
+  ids = draft_heads.frequent_vocab(np.asarray([5, 0, 9, 1, 7]), 2, always=(1,))
+  assert ids.tolist() == [1, 2]
+  with pytest.raises(ValueError, match='draft vocabulary size'):
+    draft_heads.frequent_vocab(np.ones(4), 5)
+
+
+@pytest.mark.parametrize('k', [3])
+def test_greedy_output_equals_plain(k):
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  target = llama.LlamaForward(config)
+  vocab_ids = np.arange(0, config.vocab_size, 2, dtype=np.int32)  # half the vocabulary
+  prompts, lengths = js.pad_prompts([[1, 5, 9], [3, 4, 7, 8, 2, 6], [11]], bucket=8)
+  plain = js.generate(params, None, prompts, lengths, jax.random.key(0), target=target, draft=None,
+                      config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=20,
+                                             sampling=js.SamplingConfig(temperature=0)))
+  for draft, draft_params in _drafts(config, params, vocab_ids):
+    out = js.generate(params, draft_params, prompts, lengths, jax.random.key(0), target=target,
+                      draft=draft,
+                      config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=20,
+                                             sampling=js.SamplingConfig(temperature=0)))
+    assert out.new_tokens() == plain.new_tokens(), type(draft.forward).__name__
+    stats = js.summarize(out.metrics)
+    assert stats['drafted_tokens'] > 0
+
+
+V, N, NUM_TOKENS, ALPHA, PROMPT = 5, 20000, 3, 1e-3, [1, 3]
+
+
+@pytest.mark.parametrize('which', [0, 1], ids=['exit_adapter', 'small_draft'])
+def test_reduced_vocab_sampling_follows_target(which):
+  config = llama.LlamaConfig.tiny(vocab_size=V)
+  params = llama.init_params(config, jax.random.key(1))
+  target = llama.LlamaForward(config)
+  draft, draft_params = _drafts(config, params, np.asarray([0, 2, 3], np.int32))[which]
+  sampling = js.SamplingConfig(temperature=1.0)
+  prompts = np.tile(np.asarray([PROMPT], np.int32), (N, 1))
+  out = js.generate(params, draft_params, prompts, np.full((N,), len(PROMPT)), jax.random.key(0),
+                    target=target, draft=draft,
+                    config=js.DecodeConfig(num_draft_tokens=3, max_new_tokens=NUM_TOKENS,
+                                           sampling=sampling))
+  rows = out.new_tokens()
+  assert all(len(r) == NUM_TOKENS for r in rows)
+  stats = js.summarize(out.metrics)
+  assert 0 < stats['acceptance_rate'] < 1
+  expected = toys.exact_joint(target, params, PROMPT, NUM_TOKENS, sampling)
+  counts = toys.joint_counts(rows, NUM_TOKENS, V)
+  assert toys.chi_square_pvalue(counts, expected) > ALPHA
+
+
+def test_save_load_round_trip(tmp_path):
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  vocab_ids = np.arange(10, dtype=np.int32)
+  (draft, draft_params), _ = _drafts(config, params, vocab_ids)
+  draft_heads.save_draft(str(tmp_path), 'exit', draft.forward.draft, draft_params['adapter'],
+                         vocab_ids, dtype='float32')
+  forward, loaded, shares = draft_heads.load_draft(str(tmp_path), config, params)
+  assert shares and forward == draft.forward
+  assert loaded['target'] is params
+  tokens, start = jnp.asarray([[1, 2, 3]]), jnp.zeros((1,), jnp.int32)
+  a, _ = forward(loaded, tokens, forward.init_cache(1, 8), start)
+  b, _ = draft.forward(draft_params, tokens, forward.init_cache(1, 8), start)
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(DRAFT_DIR, 'draft.json')),
+                    reason='no committed SmolLM2 draft')
+def test_committed_draft_greedy_equals_plain_on_smollm2():
+  from models import gguf_loader  # pylint: disable=g-import-not-at-top
+  try:
+    path = gguf_loader.default_model_path()
+  except FileNotFoundError:
+    pytest.skip('SmolLM2 is not installed')
+  config, params = gguf_loader.load_gguf(path)
+  draft, draft_params = draft_heads.load_trained_draft(DRAFT_DIR, config, params)
+  target = llama.LlamaForward(config)
+  from models import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  prompt = tok_lib.load_tokenizer(path).encode_chat('Name three primary colors.')
+  tokens, lengths = js.pad_prompts([prompt], pad_id=2, bucket=64)
+  outs = []
+  for d, k in ((None, 0), (draft, 4)):
+    cfg = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=16, eos_id=2, pad_id=2,
+                          sampling=js.SamplingConfig(temperature=0))
+    outs.append(js.generate(params, draft_params, tokens, lengths, jax.random.key(0),
+                            target=target, draft=d, config=cfg))
+  assert outs[1].new_tokens() == outs[0].new_tokens()
+  assert js.summarize(outs[1].metrics)['drafted_tokens'] > 0
