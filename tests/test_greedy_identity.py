@@ -84,3 +84,21 @@ def test_step_twin_matches_generate(plain):
          for b, p in enumerate(PROMPTS)]
   assert out == plain
   assert int(last.metrics.target_forward_passes.max()) == len(states)
+
+
+def test_bfloat16_weights_and_cache():
+  """bf16 weights and KV cache (as on accelerators): logits and acceptance math stay float32,
+  and greedy speculative output still equals plain greedy output."""
+  cfg = LlamaConfig.tiny(tie_embeddings=False, dtype='bfloat16')
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.ndim > 1 else x, PARAMS)
+  target = LlamaForward(cfg)
+  tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
+  logits, cache = target(params, jnp.asarray(tokens), target.init_cache(3, 16),
+                         jnp.zeros((3,), jnp.int32))
+  assert logits.dtype == jnp.float32 and cache[0]['k'].dtype == jnp.bfloat16
+  run = lambda draft, k: js.generate(
+      params, params, tokens, lengths, jax.random.key(0), target=target, draft=draft,
+      config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=MAX_NEW,
+                             sampling=GREEDY)).new_tokens()
+  assert run(js.ModelDraft(LlamaForward(cfg, num_layers=1), shares_target_cache=True), 3) == \
+      run(None, 0)
