@@ -70,7 +70,8 @@ def config_from_gguf(reader, dtype: str = 'float32') -> LlamaConfig:
       norm_eps=float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon', 1e-5)),
       tie_embeddings='output.weight' not in names,
       qkv_bias='blk.0.attn_q.bias' in names,
-      dtype=dtype)
+      dtype=dtype,
+      context_length=int(_field(reader, f'{arch}.context_length', 0)) or None)
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

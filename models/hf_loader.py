@@ -73,7 +73,8 @@ def config_from_hf(hf: dict, dtype: str = 'float32') -> LlamaConfig:
       rope_theta=float(rope.get('rope_theta', hf.get('rope_theta', 10000.0))),
       norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
-      qkv_bias=arch == 'qwen2', dtype=dtype)
+      qkv_bias=arch == 'qwen2', dtype=dtype,
+      context_length=hf.get('max_position_embeddings'))
 
 
 def _tensor_files(directory: str) -> dict[str, str]:
@@ -225,7 +226,7 @@ def _place(tensor, layout, leaf, sharding) -> jax.Array:
 
 
 def save_hf(config: LlamaConfig, params: Any, directory: str, *,
-            max_position_embeddings: int = 4096, bos_token_id: int | None = None,
+            max_position_embeddings: int | None = None, bos_token_id: int | None = None,
             eos_token_id: int | None = None) -> None:
   """Writes a Hugging Face checkpoint directory (config.json + model.safetensors).
 
@@ -256,7 +257,8 @@ def save_hf(config: LlamaConfig, params: Any, directory: str, *,
       'rope_theta': config.rope_theta,
       'rope_parameters': {'rope_type': 'default', 'rope_theta': config.rope_theta},
       'tie_word_embeddings': config.tie_embeddings, 'attention_bias': False, 'mlp_bias': False,
-      'max_position_embeddings': max_position_embeddings, 'bos_token_id': bos_token_id,
+      'max_position_embeddings': max_position_embeddings or config.context_length or 4096,
+      'bos_token_id': bos_token_id,
       'eos_token_id': eos_token_id, 'dtype': config.dtype, 'torch_dtype': config.dtype,
   }
   if config.qkv_bias:

@@ -40,6 +40,7 @@ class LlamaConfig:
   tie_embeddings: bool = True
   qkv_bias: bool = False
   dtype: str = 'float32'  # weights, activations and KV cache
+  context_length: int | None = None  # tokens the model was trained for; None = unchecked
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -51,7 +52,7 @@ class LlamaConfig:
     """SmolLM2-135M(-Instruct): 30 layers, width 576, 9 heads / 3 KV heads, vocab 49152."""
     base = dict(vocab_size=49152, num_layers=30, embed_dim=576, mlp_dim=1536, num_heads=9,
                 num_kv_heads=3, head_dim=64, rope_theta=100000.0, norm_eps=1e-5,
-                tie_embeddings=True)
+                tie_embeddings=True, context_length=8192)
     return cls(**{**base, **overrides})
 
   @classmethod

@@ -103,7 +103,7 @@ def main(argv=None):
   def compile_and_run(draft_obj, dparams, k):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                          sampling=sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                         max_len=None)
+                         max_len=config.context_length)
     start = time.perf_counter()
     compiled = js.compile_generate(params, dparams, tokens, lengths, key, target=target,
                                    draft=draft_obj, config=dc)

@@ -5,6 +5,7 @@ The reference (logits at 4 positions and 32 greedy tokens, two chat prompts) was
 `transformers` from the same GGUF: `tests/fixtures/make_smollm2_reference.py`.
 """
 
+import dataclasses
 import json
 import os
 
@@ -43,6 +44,9 @@ def reference():
 def test_logits_match_transformers(model, reference, chat):
   config, params, _ = model
   _, ref = reference
+  # Metadata -> config, context length included; the GGUF stores eps as float32.
+  assert abs(config.norm_eps - 1e-5) < 1e-12
+  assert dataclasses.replace(config, norm_eps=1e-5) == gguf_loader.LlamaConfig.smollm2_135m()
   ids = ref[f'chat{chat}_ids']
   forward = LlamaForward(config)
   logits, _ = jax.jit(forward)(params, jnp.asarray(ids[None]), forward.init_cache(1, len(ids)),
