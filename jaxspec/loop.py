@@ -225,6 +225,13 @@ def validate_inputs(prompt_tokens, prompt_lengths, *, draft, config: DecodeConfi
                      f'window = {needed} > max_len {config.max_len}')
 
 
+def _checked_args(target_params, draft_params, prompt_tokens, prompt_lengths, key, **statics):
+  """Validates on the host, then returns (dynamic args, static kwargs) for the jitted programs."""
+  validate_inputs(prompt_tokens, prompt_lengths, draft=statics['draft'], config=statics['config'])
+  return (target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
+          jnp.asarray(prompt_lengths, jnp.int32), key), statics
+
+
 def generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
              target: Callable, draft: Any, config: DecodeConfig) -> DecodeResult:
   """Speculative (or, with K = 0, plain) decoding of a batch, as one compiled program.
@@ -245,10 +252,9 @@ def generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
     ValueError: empty prompt, inconsistent shapes, a missing draft, or a draft/target vocabulary
       mismatch, all before any computation runs.
   """
-  validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
-  return _decode_jit(target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
-                     jnp.asarray(prompt_lengths, jnp.int32), key, target=target,
-                     draft=draft, config=config)
+  args, statics = _checked_args(target_params, draft_params, prompt_tokens, prompt_lengths, key,
+                                target=target, draft=draft, config=config)
+  return _decode_jit(*args, **statics)
 
 
 def compile_generate(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
@@ -257,21 +263,18 @@ def compile_generate(target_params, draft_params, prompt_tokens, prompt_lengths,
   measured apart. Returns a callable `(target_params, draft_params, prompt_tokens,
   prompt_lengths, key) -> DecodeResult` for arguments of the same shapes, dtypes and shardings.
   Raises what `generate` raises, at this call."""
-  validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
-  return _decode_jit.lower(target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
-                           jnp.asarray(prompt_lengths, jnp.int32), key, target=target,
-                           draft=draft, config=config).compile()
+  args, statics = _checked_args(target_params, draft_params, prompt_tokens, prompt_lengths, key,
+                                target=target, draft=draft, config=config)
+  return _decode_jit.lower(*args, **statics).compile()
 
 
 def generate_steps(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
                    target: Callable, draft: Any, config: DecodeConfig) -> Iterator[DecodeState]:
   """The debug/streaming twin of `generate`: a Python loop over the same jitted
   `speculative_step` (state donated), yielding the state after every round."""
-  validate_inputs(prompt_tokens, prompt_lengths, draft=draft, config=config)
-  statics = dict(target=target, draft=draft, config=config)
-  state = jax.jit(init_state, static_argnames=tuple(statics))(
-      target_params, draft_params, jnp.asarray(prompt_tokens, jnp.int32),
-      jnp.asarray(prompt_lengths, jnp.int32), key, **statics)
+  args, statics = _checked_args(target_params, draft_params, prompt_tokens, prompt_lengths, key,
+                                target=target, draft=draft, config=config)
+  state = jax.jit(init_state, static_argnames=tuple(statics))(*args, **statics)
   step = jax.jit(speculative_step, static_argnames=tuple(statics), donate_argnums=0)
   while not bool(jnp.all(state.done)):
     state = step(state, target_params, draft_params, **statics)

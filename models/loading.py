@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from models import gguf_loader
-from models.llama import LlamaForward
+from models.llama import LlamaForward, cache_logical_axes, logical_axes
 
 
 def load_model(path: str | None, dtype: str = 'float32', mesh=None):
@@ -49,7 +49,6 @@ def _place(config, params, mesh):
   if mesh is None:
     return params
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
-  from models.llama import logical_axes  # pylint: disable=g-import-not-at-top
   return sharding.shard_params(params, logical_axes(config), mesh)
 
 
@@ -88,7 +87,6 @@ def sharded_forward(forward, config, mesh):
   if mesh is None:
     return forward
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
-  from models.llama import cache_logical_axes  # pylint: disable=g-import-not-at-top
   return sharding.ShardedModel.wrap(forward, cache_logical_axes(config), mesh)
 
 
