@@ -9,6 +9,9 @@ A draft is a hashable object (a static jit argument) with
 - `propose(params, state, tokens [B,S] int32, lengths [B] int32, key, *, num_draft_tokens,
   sampling, vocab_size) -> (draft_tokens [B,K] int32, q [B,K,V] float32, state)`.
 
+A draft with `uses_target_features = True` (`FeatureDraft`) also reads the target's features: its
+`init` takes them for the prompt and the loop hands it those of every verify pass (`observe`).
+
 `tokens[b, :lengths[b]]` is the committed sequence of row b. A draft's cache (like the target's)
 only has to hold entries for committed tokens before `lengths - 2`: it rolls back by the length
 pointer alone. A model is a hashable callable `forward(params, tokens [B,T], cache, start [B]) ->
@@ -103,3 +106,68 @@ class NGramDraft:
     draft_tokens = ngram.lookup(tokens, lengths, num_draft_tokens, self.max_ngram,
                                 self.min_ngram)
     return draft_tokens, jax.nn.one_hot(draft_tokens, vocab_size, dtype=jnp.float32), state
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDraft:
+  """A draft that extrapolates the target's features (EAGLE, Li et al. 2024, Sec. 3-4).
+
+  `forward(params, tokens [B,T] int32, prev_features [B,T,D], cache, start [B]) -> (features
+  [B,T,D], cache)` reads token x_j with the target's feature f_{j-1} of the position before and
+  predicts f_j; `forward.logits(params, features [B,T,D]) -> [B,T,V] float32` gives the
+  distribution of x_{j+1}; `forward.init_cache(batch_size, max_len)`. The target must offer
+  `target.with_features(params, tokens, cache, start) -> (logits, cache, features [B,T,D])`.
+
+  State (a dict pytree): the draft's KV cache, `features [B,K+1,D]`, the target's features at
+  positions `start .. start+K` from the latest verify pass, and `start [B]` int32. A round with
+  committed length L: the window `j = start+1 .. start+K+1` pairs x_j with f_{j-1} (true
+  features up to j = L-1, the rest overwritten later), its output at j = L-1 gives d_1; then K-1
+  single steps feed each draft token with the predicted feature. Cache entries past L-1 are
+  rewritten before they are read, so rolling back is again only moving L.
+  """
+
+  forward: Callable[..., Any]
+  shares_target_cache = False
+  uses_target_features = True
+
+  def init(self, params, prompt_tokens, max_len, *, features, prompt_lengths, num_draft_tokens):
+    """Prefills the draft cache from the prompt `[B,P]` and its target features `[B,P,D]`."""
+    b, p = prompt_tokens.shape
+    prev = jnp.pad(features, ((0, 0), (1, 0), (0, 0)))[:, :p]
+    cache = self.forward.init_cache(b, max_len)
+    _, cache = self.forward(params, prompt_tokens, prev, cache, jnp.zeros((b,), jnp.int32))
+    start = prompt_lengths.astype(jnp.int32) - 2  # the window's first pair is x_{L-1}, f_{L-2}
+    pos = start[:, None] + jnp.arange(num_draft_tokens + 1)
+    window = jnp.take_along_axis(features, jnp.clip(pos, 0, p - 1)[..., None], axis=1)
+    window = jnp.where((pos >= 0)[..., None], window, 0).astype(features.dtype)
+    return {'cache': cache, 'features': window, 'start': start}
+
+  def observe(self, state, features, start):
+    """Takes the target's features `[B,K+1,D]` of the verify window starting at `start [B]`."""
+    return {**state, 'features': features.astype(state['features'].dtype), 'start': start}
+
+  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens: int,
+              sampling: SamplingConfig, vocab_size: int):
+    del vocab_size
+    k = num_draft_tokens
+    pos = state['start'] + 1
+    idx = jnp.clip(pos[:, None] + jnp.arange(k + 1), 0, tokens.shape[1] - 1)
+    window = jnp.take_along_axis(tokens, idx, axis=1)
+    feats, cache = self.forward(params, window, state['features'], state['cache'], pos)
+    last = jnp.take_along_axis(feats, (lengths - 1 - pos)[:, None, None], axis=1)  # [B,1,D]
+    keys = jax.random.split(key, k)
+    draw = (lambda k_, q: jnp.argmax(q, axis=-1).astype(jnp.int32)) if sampling.greedy else sample
+
+    def step(carry, step_key):
+      feature, cache, position = carry
+      q = process_logits(self.forward.logits(params, feature)[:, 0], sampling)
+      x = draw(step_key, q)
+      feature, cache = self.forward(params, x[:, None], feature, cache, position)
+      return (feature, cache, position + 1), (x, q)
+
+    (last, cache, _), (xs, qs) = jax.lax.scan(step, (last, cache, lengths), keys[:-1])
+    q_last = process_logits(self.forward.logits(params, last)[:, 0], sampling)
+    x_last = draw(keys[-1], q_last)
+    draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
+    q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
+    return draft_tokens, q, {**state, 'cache': cache}

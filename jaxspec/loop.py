@@ -11,7 +11,9 @@ Invariants (per row b, with L = lengths[b]):
 A round (Leviathan et al. 2023, Alg. 1): the draft proposes K tokens with their distributions q;
 the target scores `[x_{L-1}, d_1..d_K]` in one forward pass at positions L-1..L+K-1, giving
 p_1..p_{K+1}; verification accepts n drafted tokens and yields one more; n+1 tokens are committed,
-cut at the first EOS and at the token budget. K = 0 is plain autoregressive decoding.
+cut at the first EOS and at the token budget. K = 0 is plain autoregressive decoding. With a draft
+that reads the target's features (`FeatureDraft`, EAGLE), prefill and verify call
+`target.with_features` instead and hand the features to the draft (`draft.observe`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ def _write_rows(buffer_BS, window_BW, start_B):
       buffer_BS, window_BW, start_B)
 
 
+def _uses_features(draft) -> bool:
+  return getattr(draft, 'uses_target_features', False)
+
+
 def init_state(target_params, draft_params, prompt_tokens, prompt_lengths, key, *,
                target: Callable, draft: Any, config: DecodeConfig) -> DecodeState:
   """Allocates the buffer and caches and prefills target (and draft) with the prompts.
@@ -112,11 +118,19 @@ def init_state(target_params, draft_params, prompt_tokens, prompt_lengths, key, 
   tokens = jnp.pad(prompt_tokens.astype(jnp.int32), ((0, 0), (0, max_len - p)))
   tokens = jnp.where(positions < prompt_lengths[:, None], tokens, config.pad_id)
   # Prefill writes every prompt position; entries at and after L-1 are rewritten before use.
-  _, target_cache = target(target_params, prompt_tokens, target.init_cache(b, max_len),
-                           jnp.zeros((b,), jnp.int32))
+  cache, start = target.init_cache(b, max_len), jnp.zeros((b,), jnp.int32)
   draft_state = None
-  if k > 0 and not draft.shares_target_cache:
-    draft_state = draft.init(draft_params, prompt_tokens, max_len)
+  if k > 0 and _uses_features(draft):
+    if not hasattr(target, 'with_features'):
+      raise ValueError(f'the draft reads the target\'s features, but the target '
+                       f'{type(target).__name__} has no with_features method')
+    _, target_cache, features = target.with_features(target_params, prompt_tokens, cache, start)
+    draft_state = draft.init(draft_params, prompt_tokens, max_len, features=features,
+                             prompt_lengths=prompt_lengths, num_draft_tokens=k)
+  else:
+    _, target_cache = target(target_params, prompt_tokens, cache, start)
+    if k > 0 and not draft.shares_target_cache:
+      draft_state = draft.init(draft_params, prompt_tokens, max_len)
   return DecodeState(tokens=tokens, lengths=prompt_lengths, prompt_lengths=prompt_lengths,
                      done=jnp.zeros((b,), bool), target_cache=target_cache,
                      draft_state=draft_state, key=key, metrics=Metrics.zeros(b, k))
@@ -154,7 +168,12 @@ def speculative_step(state: DecodeState, target_params, draft_params, *, target:
     q = jnp.zeros((b, 0, vocab_size), jnp.float32)
 
   window = jnp.concatenate([last, draft_tokens], axis=1)  # [B, K+1]
-  logits, target_cache = target(target_params, window, target_cache, lengths - 1)
+  if k > 0 and _uses_features(draft):
+    logits, target_cache, features = target.with_features(target_params, window, target_cache,
+                                                          lengths - 1)
+    draft_state = draft.observe(draft_state, features, lengths - 1)
+  else:
+    logits, target_cache = target(target_params, window, target_cache, lengths - 1)
   if config.sampling.greedy:
     num_accepted, next_token = verify_greedy(draft_tokens, logits)
   else:

@@ -196,9 +196,18 @@ class ShardedModel:
     shardings = named_shardings(self.cache_axes.unfreeze(), cache, self.mesh, self.rules)
     return jax.lax.with_sharding_constraint(cache, shardings)
 
-  def __call__(self, params, tokens_BT, cache, start_B):
-    logits, cache = self.model(params, tokens_BT, cache, start_B)
-    return logits, self._constrain(cache)
+  def __call__(self, params, *args):
+    *outputs, cache = self.model(params, *args)  # the cache is the last output of every model
+    return (*outputs, self._constrain(cache))
+
+  def with_features(self, params, tokens_BT, cache, start_B):
+    """The wrapped model's `with_features` (for EAGLE-style drafts), cache constrained."""
+    logits, cache, features = self.model.with_features(params, tokens_BT, cache, start_B)
+    return logits, self._constrain(cache), features
+
+  def logits(self, params, features_BTD):
+    """The wrapped draft's `logits` (EAGLE-style drafts)."""
+    return self.model.logits(params, features_BTD)
 
   def init_cache(self, batch_size: int, max_len: int):
     return self._constrain(self.model.init_cache(batch_size, max_len))

@@ -173,6 +173,85 @@ def init_small_draft(target_config, target_params, draft: SmallDraftConfig, voca
   return {'blocks': blocks, 'head': head}
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EagleDraftConfig:
+  """source_layer: the target block the draft's one block is initialized from; draft_vocab_size:
+  W (the head is the target's own output head restricted to W rows, frozen)."""
+
+  source_layer: int = 29
+  draft_vocab_size: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleDraftForward:
+  """EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
+  Uncertainty", Sec. 3): one decoder block that extrapolates the target's features.
+
+  At position j it reads the token x_j and the target's feature f_{j-1} of the position before
+  (the final-normed hidden state the target's head reads; zeros before the first position):
+  `h = fc([embed(x_j); f_{j-1}])`, one Llama block with its own KV cache and an RMSNorm give
+  f^_j, the predicted feature of position j, which the target's head (restricted to `vocab_ids`, frozen)
+  turns into the distribution of x_{j+1}. Params: `{'embed': target embedding [V,D] (referenced),
+  'fc': [2D,D], 'fc_bias': [D], 'block': Llama block params, 'norm': [D], 'head': [W,D],
+  'vocab_ids': [W]}`.
+  """
+
+  target_config: llama.LlamaConfig
+  draft: EagleDraftConfig = EagleDraftConfig()
+
+  @property
+  def config(self) -> llama.LlamaConfig:
+    return dataclasses.replace(self.target_config, num_layers=1)
+
+  def __call__(self, params, tokens_BT, prev_features_BTD, cache, start_B):
+    """tokens `[B,T]` int32, the target's features of the positions before `[B,T,D]`, cache, start
+    `[B]` -> (predicted features `[B,T,D]`, cache)."""
+    e = jnp.take(params['embed'], tokens_BT, axis=0).astype(jnp.float32)
+    x = jnp.concatenate([e, prev_features_BTD.astype(jnp.float32)], -1) @ params['fc']
+    x = x + params['fc_bias']
+    positions_BT = start_B[:, None].astype(jnp.int32) + jnp.arange(tokens_BT.shape[1])
+    x, layer_cache = llama.Block(self.config).apply({'params': params['block']}, x, cache[0],
+                                                    positions_BT)
+    return _rms_norm(x, params['norm'], self.target_config.norm_eps), [layer_cache]
+
+  def reduced_logits(self, params, features_BTD):
+    """Predicted features `[B,T,D]` -> draft-vocabulary logits `[B,T,W]` float32."""
+    return _head(params['head'], features_BTD).astype(jnp.float32)
+
+  def logits(self, params, features_BTD):
+    """Predicted features `[B,T,D]` -> full-vocabulary logits `[B,T,V]` (-inf outside W)."""
+    return expand_vocab(self.reduced_logits(params, features_BTD), params['vocab_ids'],
+                        self.target_config.vocab_size)
+
+  def init_cache(self, batch_size: int, max_len: int):
+    return llama.init_cache(self.config, batch_size, max_len)
+
+
+def target_head_rows(target_config, target_params, vocab_ids) -> jax.Array:
+  """The target's output-head rows for `vocab_ids`: `[W, D]` float32."""
+  if target_config.tie_embeddings:
+    weight = target_params['embed']['embedding']
+  else:
+    weight = jnp.asarray(target_params['lm_head']['kernel']).T
+  return jnp.asarray(weight[jnp.asarray(vocab_ids)], jnp.float32)
+
+
+def init_eagle_draft(target_config, target_params, draft: EagleDraftConfig, key) -> Params:
+  """Trainable EAGLE params: `fc` maps `[embed; feature]` to the width (the feature half starts
+  as the identity, the token half small and random), the block is a copy of the target's block
+  `source_layer` and the norm starts as the target's final norm."""
+  if not 0 <= draft.source_layer < target_config.num_layers:
+    raise ValueError(f'source layer {draft.source_layer} is not a layer of the '
+                     f'{target_config.num_layers}-layer target')
+  d = target_config.embed_dim
+  fc = jnp.concatenate([jax.random.normal(key, (d, d), jnp.float32) * 0.1 * d ** -0.5,
+                        jnp.eye(d, dtype=jnp.float32)], 0)
+  block = jax.tree.map(lambda a: jnp.array(a, jnp.float32),
+                       target_params[f'layers_{draft.source_layer}'])
+  return {'fc': fc, 'fc_bias': jnp.zeros((d,), jnp.float32), 'block': block,
+          'norm': jnp.asarray(target_params['final_norm']['scale'], jnp.float32)}
+
+
 # ---- saving and loading (safetensors + json; the target's arrays are never stored) ----
 
 def _flatten(tree, prefix=''):
@@ -227,7 +306,13 @@ def load_draft(directory: str, target_config, target_params):
     forward = SmallDraftForward(target_config, SmallDraftConfig(**cfg))
     params = {'embed': target_params['embed']['embedding'], **trainable, 'vocab_ids': vocab_ids}
     return forward, params, False
-  raise ValueError(f'{directory}: unknown draft kind {meta["kind"]!r} (expected exit or small)')
+  if meta['kind'] == 'eagle':
+    forward = EagleDraftForward(target_config, EagleDraftConfig(**cfg))
+    params = {'embed': target_params['embed']['embedding'], **trainable, 'vocab_ids': vocab_ids,
+              'head': target_head_rows(target_config, target_params, vocab_ids)}
+    return forward, params, False
+  raise ValueError(f'{directory}: unknown draft kind {meta["kind"]!r} (expected exit, small or '
+                   'eagle)')
 
 
 def load_trained_draft(directory: str, target_config, target_params, mesh=None):
@@ -237,6 +322,8 @@ def load_trained_draft(directory: str, target_config, target_params, mesh=None):
   del mesh
   import jaxspec  # pylint: disable=g-import-not-at-top
   forward, params, shares = load_draft(directory, target_config, target_params)
+  if isinstance(forward, EagleDraftForward):
+    return jaxspec.FeatureDraft(forward), params
   return jaxspec.ModelDraft(forward, shares_target_cache=shares), params
 
 

@@ -201,14 +201,24 @@ class Llama(nn.Module):
 
   def head(self, x_BTD):
     """Final norm and output head: hidden [B,T,D] -> logits [B,T,V] float32."""
-    x = self.final_norm(x_BTD)
+    return self.unembed(self.final_norm(x_BTD))
+
+  def unembed(self, features_BTD):
+    """Output head on final-normed features [B,T,D] -> logits [B,T,V] float32."""
     if self.config.tie_embeddings:
       # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for T > 1
       # than `x @ embedding.T`.
-      logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, x).transpose(1, 2, 0)
+      logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, features_BTD).transpose(1, 2, 0)
     else:
-      logits = self.lm_head(x)
+      logits = self.lm_head(features_BTD)
     return logits.astype(jnp.float32)
+
+  def with_features(self, tokens_BT, cache, start_B):
+    """Like `__call__`, also returning the final-normed features [B,T,D] the head reads (what
+    EAGLE-style drafts consume)."""
+    x, cache = self.hidden(tokens_BT, cache, start_B)
+    features = self.final_norm(x)
+    return self.unembed(features), cache, features
 
   def __call__(self, tokens_BT, cache, start_B, num_layers=None):
     x, cache = self.hidden(tokens_BT, cache, start_B, num_layers)
@@ -260,6 +270,12 @@ class LlamaForward:
   def __call__(self, params, tokens_BT, cache, start_B):
     return Llama(self.config).apply({'params': params}, tokens_BT, cache, start_B,
                                     num_layers=self.num_layers)
+
+  def with_features(self, params, tokens_BT, cache, start_B):
+    """`(logits [B,T,V] float32, cache, features [B,T,D])`: the features are the final-normed
+    hidden states of the full model (the input of its head); ignores `num_layers`."""
+    return Llama(self.config).apply({'params': params}, tokens_BT, cache, start_B,
+                                    method=Llama.with_features)
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
     return init_cache(self.config, batch_size, max_len)

@@ -47,9 +47,10 @@ def _parse():
   p.add_argument('--max_new_tokens', type=int, default=128)
   p.add_argument('--ks', default='1,2,3,4,5,6,7,8')
   p.add_argument('--temperatures', default='0,1')
-  p.add_argument('--drafts', default='ngram,exit_untrained,exit_trained,small')
+  p.add_argument('--drafts', default='ngram,exit_untrained,exit_trained,small,eagle')
   p.add_argument('--untrained_exit_layer', type=int, default=8)
   p.add_argument('--exit_draft', default=os.path.join(ROOT, 'drafts', 'smollm2_exit'))
+  p.add_argument('--eagle_draft', default=os.path.join(ROOT, 'drafts', 'smollm2_eagle'))
   p.add_argument('--small_draft', default=os.path.join(ROOT, 'runs', 'smollm2_small'),
                  help='made by scripts/train_draft.py --kind small (43 MB, not committed)')
   p.add_argument('--peers_python', default=None,
@@ -85,8 +86,9 @@ def _build_drafts(args, config, params):
     elif name == 'exit_untrained':
       fwd = llama.LlamaForward(config, num_layers=args.untrained_exit_layer)
       drafts[name] = (js.ModelDraft(fwd, shares_target_cache=True), params, 0)
-    elif name in ('exit_trained', 'small'):
-      path = args.exit_draft if name == 'exit_trained' else args.small_draft
+    elif name in ('exit_trained', 'small', 'eagle'):
+      path = {'exit_trained': args.exit_draft, 'small': args.small_draft,
+              'eagle': args.eagle_draft}[name]
       if not os.path.isfile(os.path.join(path, 'draft.json')):
         print(f'skipping {name}: no draft at {path}')
         continue
@@ -99,10 +101,11 @@ def _build_drafts(args, config, params):
   return drafts
 
 
-def _cache_bytes(draft, dparams, tokens, max_len):
-  if draft is None or draft.shares_target_cache or isinstance(draft, js.NGramDraft):
+def _cache_bytes(draft, max_len):
+  """Bytes of the KV cache a draft keeps besides the target's (0 for shared or no cache)."""
+  if draft is None or draft.shares_target_cache or not hasattr(draft, 'forward'):
     return 0
-  shapes = jax.eval_shape(lambda p, t: draft.init(p, t, max_len), dparams, tokens)
+  shapes = jax.eval_shape(lambda: draft.forward.init_cache(1, max_len))
   return sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
 
 
@@ -148,7 +151,7 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
       mean_accepted_length=total['new_tokens'] / max(total['target_forward_passes'], 1),
       accepted_length_histogram=hist, by_kind=by_kind,
       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      draft_extra_mb=(extra + _cache_bytes(draft, dparams, tokens[:1], max_len)) / 2**20,
+      draft_extra_mb=(extra + _cache_bytes(draft, max_len)) / 2**20,
       outputs=outputs)
 
 
@@ -190,9 +193,16 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
     out['verify_s'][k], (cache, _, _) = _timeit(lambda s: vjit(s[0]), (cache, None, None))
   buffer = jnp.pad(tok0, ((0, 0), (0, max_len - tok0.shape[1])))
   for name, (draft, dparams, _) in drafts.items():
-    state = cache if draft.shares_target_cache else draft.init(dparams, tok0, max_len)
     out['draft_s'][name] = {}
+    state = cache if draft.shares_target_cache else None
     for k in ks:
+      if isinstance(draft, js.FeatureDraft):  # its state holds a K+1 window of target features
+        _, _, feats = target.with_features(params, tok0, target.init_cache(1, max_len), zero)
+        state = draft.init(dparams, tok0, max_len, features=feats, prompt_lengths=len0,
+                           num_draft_tokens=k)
+        state = {**state, 'start': pos - 2}
+      elif state is None:
+        state = draft.init(dparams, tok0, max_len)
       def propose(s, draft=draft, dparams=dparams, k=k):
         return draft.propose(dparams, s, buffer, pos, jax.random.key(0), num_draft_tokens=k,
                              sampling=js.SamplingConfig(temperature=0),

@@ -2,6 +2,7 @@
 (config.json + model.safetensors), usable as `assistant_model` in `transformers`.
 
 - small draft: its blocks, final norm and head; the target's input embedding.
+- EAGLE drafts are refused: they read the target's features, which `assistant_model` cannot.
 - exit draft: the target's first `exit_layer` blocks, then one more block whose attention output
   projection is zero (so the block is only the adapter's residual SwiGLU MLP, zero-padded to the
   target's MLP width), the adapter's norm and head.
@@ -68,6 +69,9 @@ def export(draft_dir, out_dir):
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   config, params = gguf_loader.load_gguf(gguf_loader.default_model_path())
   forward, dparams, _ = draft_heads.load_draft(draft_dir, config, params)
+  if isinstance(forward, draft_heads.EagleDraftForward):
+    raise SystemExit(f'{draft_dir} is an EAGLE draft: it reads the target\'s hidden features, so '
+                     'it is not a standalone LlamaForCausalLM and cannot be exported as one')
   if isinstance(forward, draft_heads.ExitDraftForward):
     n = forward.draft.exit_layer
     blocks = [params[f'layers_{i}'] for i in range(n)]

@@ -3,7 +3,8 @@ distributions.
 
 1. Chat-encodes every prompt of `--prompts` (default `data/train_prompts.jsonl`, disjoint from the
    evaluation prompts in `shared/prompts/dev.jsonl`) and lets the target continue them with
-   `jaxspec.generate` on batches of prompts: greedily, and at temperature 1 for a fraction.
+   `jaxspec.generate` on batches of prompts: greedily, and at temperature 1 (`--sampled_fraction`
+   continuations a prompt on average).
 2. Runs the target once over every full sequence and keeps its top-`--top_k` log-probabilities
    at every position (the teacher distributions for a forward-KL loss).
 
@@ -11,7 +12,9 @@ Writes one `.npz` (`--out`, default `runs/draft_data.npz`): `tokens` [N] int32 (
 concatenated), `offsets` [R+1], `prompt_lengths` [R], `teacher_ids` / `teacher_logp` [N, top_k]
 (position i predicts token i+1 of its row), `sampled` [R] bool.
 
-  .venv/bin/python scripts/make_draft_data.py            # ~10-15 min on a 2-core CPU
+  .venv/bin/python scripts/make_draft_data.py            # 41 min on a shared 2-core CPU
+  .venv/bin/python scripts/make_draft_data.py --skip_greedy --sampled_fraction 2 --seed 1 \
+      --out runs/draft_data_2.npz                         # more: two sampled answers a prompt
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ def _parse():
   p.add_argument('--max_prompt_tokens', type=int, default=192)
   p.add_argument('--batch_size', type=int, default=32)
   p.add_argument('--sampled_fraction', type=float, default=0.25,
-                 help='fraction of prompts also continued at temperature 1')
+                 help='sampled continuations at temperature 1 per prompt (2.5 = every prompt '
+                 'twice, half of them a third time)')
+  p.add_argument('--skip_greedy', action='store_true',
+                 help='only sampled continuations (e.g. a second file with another --seed)')
   p.add_argument('--top_k', type=int, default=16, help='teacher log-probs kept per position')
   p.add_argument('--teacher_batch', type=int, default=8)
   p.add_argument('--limit', type=int, default=0, help='use only the first N prompts (0 = all)')
@@ -104,17 +110,21 @@ def main():
   prompts = [p for p in prompts if len(p) <= args.max_prompt_tokens]
   key = jax.random.key(args.seed)
   key_greedy, key_sampled = jax.random.split(key)
-  seqs = _generate(params, forward, prompts, tok, args, js.SamplingConfig(temperature=0.0),
-                   key_greedy, 'greedy')
-  plens = [len(p) for p in prompts]
+  seqs, plens = [], []
+  if not args.skip_greedy:
+    seqs = _generate(params, forward, prompts, tok, args, js.SamplingConfig(temperature=0.0),
+                     key_greedy, 'greedy')
+    plens = [len(p) for p in prompts]
   num_sampled = int(round(args.sampled_fraction * len(prompts)))
-  if num_sampled:
-    chosen = np.random.default_rng(args.seed).choice(len(prompts), num_sampled, replace=False)
+  if num_sampled:  # every prompt floor(fraction) times, then a random subset for the rest
+    whole, rest = divmod(num_sampled, len(prompts))
+    chosen = np.concatenate([np.tile(np.arange(len(prompts)), whole), np.random.default_rng(
+        args.seed).choice(len(prompts), rest, replace=False)])
     sub = [prompts[j] for j in chosen]
     seqs += _generate(params, forward, sub, tok, args, js.SamplingConfig(temperature=1.0),
                       key_sampled, 'sampled T=1')
     plens += [len(p) for p in sub]
-  sampled = np.arange(len(seqs)) >= len(prompts)
+  sampled = np.arange(len(seqs)) >= (0 if args.skip_greedy else len(prompts))
   ids, logp = _teacher(params, forward, seqs, args, tok.pad_id)
   offsets = np.cumsum([0] + [len(s) for s in seqs])
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)

@@ -3,10 +3,14 @@ target's own distributions, on text the target generated; see scripts/make_draft
 
   --kind exit   trained self-speculative exit: the target's first blocks + an adapter (default)
   --kind small  a separate small Llama initialized from chosen target blocks
+  --kind eagle  EAGLE: one block over [token embedding; the target's previous feature], trained
+                on the target's own features (computed once, cached next to the data)
 
 The loss at each generated position is the cross-entropy of the draft's distribution over its
 reduced vocabulary against the teacher's top-k distribution renormalized over that vocabulary,
-i.e. forward KL(p || q) up to a constant. Progress is shown with tqdm; an orbax checkpoint
+i.e. forward KL(p || q) up to a constant; EAGLE adds a smooth-L1 regression of the predicted
+features onto the target's (Li et al. 2024, Sec. 4), optional uniform input-feature noise, and
+with `--unroll 2` a second pass that reads its own predicted features. Progress is shown with tqdm; an orbax checkpoint
 (params, optimizer state) is written every `--save_every` steps to `--ckpt_dir`, and a rerun
 resumes from the latest one; data order and init follow `--seed`. The result is written with
 `models.draft_heads.save_draft` to `--out`.
@@ -14,6 +18,8 @@ resumes from the latest one; data order and init follow `--seed`. The result is 
   .venv/bin/python scripts/make_draft_data.py                      # the data, once
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
   .venv/bin/python scripts/train_draft.py --kind small --steps 150 # -> runs/smollm2_small
+  .venv/bin/python scripts/train_draft.py --kind eagle ...         # -> drafts/smollm2_eagle
+      (the committed draft's exact command and data are in drafts/smollm2_eagle/draft.json)
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from models import draft_heads, gguf_loader, llama  # pylint: disable=g-import-n
 
 def _parse():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--kind', choices=('exit', 'small'), default='exit')
-  p.add_argument('--data', default='runs/draft_data.npz')
+  p.add_argument('--kind', choices=('exit', 'small', 'eagle'), default='exit')
+  p.add_argument('--data', default='runs/draft_data.npz',
+                 help='comma-separated .npz files from scripts/make_draft_data.py')
   p.add_argument('--out', default=None,
                  help='default drafts/smollm2_exit (committed) or runs/smollm2_small (too big)')
   p.add_argument('--ckpt_dir', default=None, help='default runs/ckpt_<kind>')
@@ -50,6 +57,13 @@ def _parse():
   p.add_argument('--exit_layer', type=int, default=8)
   p.add_argument('--adapter_mlp_dim', type=int, default=1536)
   p.add_argument('--source_layers', default='0,1,2,28,29')
+  p.add_argument('--source_layer', type=int, default=29, help='eagle: block to start from')
+  p.add_argument('--feature_weight', type=float, default=1.0,
+                 help='eagle: weight of the smooth-L1 feature regression next to the KL loss')
+  p.add_argument('--feature_noise', type=float, default=0.0,
+                 help='eagle: uniform noise +-this added to input features while training')
+  p.add_argument('--unroll', type=int, default=1,
+                 help='eagle: passes per step; pass n>1 reads the draft\'s own predicted features')
   p.add_argument('--vocab_size', type=int, default=8192, help='draft vocabulary W')
   p.add_argument('--save_every', type=int, default=100)
   p.add_argument('--holdout', type=float, default=0.05, help='fraction of rows for evaluation')
@@ -90,7 +104,9 @@ def token_counts(path, vocab_size):
 
 
 def _make_model(args, config, params, vocab_ids, key):
-  """Returns (trainable params, logits_fn(trainable, tokens) -> [B,T,W], features fn or None)."""
+  """Returns (draft config, trainable params, loss_fn(trainable, *arrays) -> (loss, agreement),
+  a function turning (tokens, idx, prob, mask) rows into the arrays loss_fn takes)."""
+  distill = draft_heads.distill_loss
   if args.kind == 'exit':
     draft = draft_heads.ExitDraftConfig(exit_layer=args.exit_layer,
                                         adapter_mlp_dim=args.adapter_mlp_dim,
@@ -105,35 +121,114 @@ def _make_model(args, config, params, vocab_ids, key):
                         jnp.zeros((b,), jnp.int32))
       return x
 
-    return draft, trainable, fwd.adapter_logits, features
+    def arrays(tokens, idx, prob, mask):
+      x = _batched(features, tokens, args.batch_size, 'exit features')
+      # The adapter is per position (no attention): keep only the generated positions, regrouped
+      # into rows of seq_len, so no compute goes to prompts or padding.
+      keep = mask.reshape(-1) > 0
+      n = keep.sum() // args.seq_len * args.seq_len
+      x, idx, prob = (a.reshape(-1, *a.shape[2:])[keep][:n].reshape(-1, args.seq_len,
+                                                                      *a.shape[2:])
+                      for a in (x, idx, prob))
+      print(f'exit adapter: {n} generated positions in {len(x)} rows of {args.seq_len}')
+      return x, idx, prob, np.ones(x.shape[:2], np.float32)
+
+    return draft, trainable, lambda tr, x, i, p, m, noise_key=None: distill(
+        fwd.adapter_logits(tr, x), i, p, m), \
+        arrays
+  if args.kind == 'eagle':
+    draft = draft_heads.EagleDraftConfig(source_layer=args.source_layer,
+                                         draft_vocab_size=args.vocab_size)
+    fwd = draft_heads.EagleDraftForward(config, draft)
+    trainable = draft_heads.init_eagle_draft(config, params, draft, key)
+    frozen = {'embed': params['embed']['embedding'],
+              'head': draft_heads.target_head_rows(config, params, vocab_ids)}
+    target = llama.LlamaForward(config)
+
+    @jax.jit
+    def features(tokens_BT):
+      b, t = tokens_BT.shape
+      _, _, f = target.with_features(params, tokens_BT, target.init_cache(b, t),
+                                     jnp.zeros((b,), jnp.int32))
+      return f.astype(jnp.float16)
+
+    def arrays(tokens, idx, prob, mask):
+      feats, row = [], 0
+      for path in args.data.split(','):  # cached per data file, next to it
+        n = len(np.load(path)['prompt_lengths'])
+        cache = f'{os.path.splitext(path)[0]}_features_{args.seq_len}.npy'
+        if os.path.isfile(cache):
+          feats.append(np.load(cache))
+        else:
+          feats.append(_batched(features, tokens[row:row + n], args.batch_size,
+                                f'target features ({path})'))
+          np.save(cache, feats[-1])
+        row += n
+      return tokens, np.concatenate(feats), idx, prob, mask
+
+    def loss_fn(tr, tokens, feats, idx, prob, mask, noise_key=None):
+      b, t = tokens.shape
+      feats = feats.astype(jnp.float32)
+      prev = jnp.pad(feats, ((0, 0), (1, 0), (0, 0)))[:, :t]
+      if noise_key is not None and args.feature_noise > 0:
+        prev = prev + jax.random.uniform(noise_key, prev.shape, jnp.float32,
+                                         -args.feature_noise, args.feature_noise)
+      p = {**frozen, **tr}
+      total, agree = 0.0, None
+      for _ in range(args.unroll):
+        pred, _ = fwd(p, tokens, prev, fwd.init_cache(b, t), jnp.zeros((b,), jnp.int32))
+        kl, step_agree = distill(fwd.reduced_logits(p, pred), idx, prob, mask)
+        reg = jnp.sum(optax.huber_loss(pred, feats).mean(-1) * mask) / jnp.maximum(mask.sum(), 1)
+        total, agree = total + kl + args.feature_weight * reg, step_agree if agree is None else agree
+        # Next pass: every position reads the draft's own prediction for the position before,
+        # as drafting steps 2..K do (a simple form of EAGLE-3's training-time test).
+        prev = jax.lax.stop_gradient(jnp.pad(pred, ((0, 0), (1, 0), (0, 0)))[:, :t])
+      return total, agree
+
+    return draft, trainable, loss_fn, arrays
   layers = tuple(int(i) for i in args.source_layers.split(','))
   draft = draft_heads.SmallDraftConfig(source_layers=layers, draft_vocab_size=args.vocab_size)
   fwd = draft_heads.SmallDraftForward(config, draft)
   trainable = draft_heads.init_small_draft(config, params, draft, vocab_ids)
   embed = params['embed']['embedding']
 
-  def logits_fn(tr, tokens_BT):
+  def loss_fn(tr, tokens_BT, i, p, m, noise_key=None):
+    del noise_key
     b, t = tokens_BT.shape
     logits, _ = fwd.reduced_logits({'embed': embed, **tr}, tokens_BT, fwd.init_cache(b, t),
                                    jnp.zeros((b,), jnp.int32))
-    return logits
+    return distill(logits, i, p, m)
 
-  return draft, trainable, logits_fn, None
+  return draft, trainable, loss_fn, lambda *a: a
+
+
+def _batched(fn, rows, batch_size, desc):
+  """`fn` over rows in batches (the last one padded), concatenated on the host."""
+  out = []
+  for i in tqdm(range(0, len(rows), batch_size), desc=desc):
+    chunk = rows[i:i + batch_size]
+    pad = batch_size - len(chunk)
+    out.append(np.asarray(fn(jnp.asarray(np.pad(chunk, [(0, pad)] + [(0, 0)] * (chunk.ndim - 1)))
+                             ))[:len(chunk)])
+  return np.concatenate(out)
 
 
 def main():
   args = _parse()
-  args.out = args.out or ('drafts/smollm2_exit' if args.kind == 'exit' else 'runs/smollm2_small')
+  args.out = args.out or {'exit': 'drafts/smollm2_exit', 'eagle': 'drafts/smollm2_eagle',
+                          'small': 'runs/smollm2_small'}[args.kind]
   args.ckpt_dir = os.path.abspath(args.ckpt_dir or f'runs/ckpt_{args.kind}')
-  lr = args.lr or (2e-3 if args.kind == 'exit' else 3e-4)
+  lr = args.lr or {'exit': 2e-3, 'eagle': 1e-3, 'small': 3e-4}[args.kind]
   t0 = time.time()
   config, params = gguf_loader.load_gguf(gguf_loader.default_model_path())
-  counts = token_counts(args.data, config.vocab_size)
+  paths = args.data.split(',')
+  counts = sum(token_counts(path, config.vocab_size) for path in paths)
   vocab_ids = draft_heads.frequent_vocab(counts, args.vocab_size, always=(2,))
   coverage = counts[vocab_ids].sum() / counts.sum()
   to_draft = np.full((config.vocab_size,), -1, np.int32)
   to_draft[vocab_ids] = np.arange(len(vocab_ids))
-  tokens, idx, prob, mask = load_rows(args.data, args.seq_len, to_draft)
+  tokens, idx, prob, mask = (np.concatenate(a) for a in zip(
+      *(load_rows(path, args.seq_len, to_draft) for path in paths)))
   r = len(tokens)
   order = np.random.default_rng(args.seed).permutation(r)
   num_eval = max(1, int(args.holdout * r))
@@ -141,25 +236,14 @@ def main():
   print(f'{r} rows ({mask.sum():.0f} generated positions), draft vocabulary {len(vocab_ids)} '
         f'covers {coverage:.3%} of generated tokens; {len(train_rows)} train / {num_eval} eval')
 
-  draft, trainable, logits_fn, features = _make_model(args, config, params, vocab_ids,
-                                                      jax.random.key(args.seed))
-  inputs = tokens
-  if features is not None:
-    inputs = np.concatenate([np.asarray(features(jnp.asarray(tokens[i:i + args.batch_size])))
-                             for i in tqdm(range(0, r, args.batch_size), desc='features')])
-    # The adapter is per position (no attention): keep only the generated positions, regrouped
-    # into rows of seq_len, so no compute goes to prompts or padding.
-    keep = mask.reshape(-1) > 0
-    n = keep.sum() // args.seq_len * args.seq_len
-    inputs, idx, prob = (a.reshape(-1, *a.shape[2:])[keep][:n].reshape(-1, args.seq_len,
-                                                                         *a.shape[2:])
-                         for a in (inputs, idx, prob))
-    mask = np.ones(inputs.shape[:2], np.float32)
-    r = len(inputs)
+  draft, trainable, loss_fn, make_arrays = _make_model(args, config, params, vocab_ids,
+                                                       jax.random.key(args.seed))
+  arrays = make_arrays(tokens, idx, prob, mask)
+  if len(arrays[0]) != r:  # regrouped rows (exit adapter): split again
+    r = len(arrays[0])
     num_eval = max(1, int(args.holdout * r))
     order = np.random.default_rng(args.seed).permutation(r)
     eval_rows, train_rows = order[:num_eval], order[num_eval:]
-    print(f'exit adapter: {n} generated positions in {r} rows of {args.seq_len}')
 
   warmup = min(args.warmup, args.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(args.steps, warmup + 1),
@@ -168,17 +252,17 @@ def main():
   opt_state = opt.init(trainable)
 
   @jax.jit
-  def train_step(tr, opt_state, x, i, p, m):
+  def train_step(tr, opt_state, step, batch):
+    noise_key = jax.random.fold_in(jax.random.key(args.seed + 1), step)
     (loss, agree), grads = jax.value_and_grad(
-        lambda t: draft_heads.distill_loss(logits_fn(t, x), i, p, m), has_aux=True)(tr)
+        lambda t: loss_fn(t, *batch, noise_key=noise_key), has_aux=True)(tr)
     updates, opt_state = opt.update(grads, opt_state, tr)
     return optax.apply_updates(tr, updates), opt_state, loss, agree
 
-  eval_fn = jax.jit(lambda tr, x, i, p, m: draft_heads.distill_loss(logits_fn(tr, x), i, p, m))
+  eval_fn = jax.jit(lambda tr, batch: loss_fn(tr, *batch))
 
   def evaluate(tr):
-    out = [eval_fn(tr, *(jnp.asarray(a[eval_rows[j:j + args.batch_size]])
-                         for a in (inputs, idx, prob, mask)))
+    out = [eval_fn(tr, tuple(jnp.asarray(a[eval_rows[j:j + args.batch_size]]) for a in arrays))
            for j in range(0, num_eval - args.batch_size + 1, args.batch_size) or [0]]
     return tuple(float(np.mean([o[n] for o in out])) for n in (0, 1))
 
@@ -201,16 +285,19 @@ def main():
     perm = np.random.default_rng(args.seed + 1 + epoch).permutation(train_rows)
     rows = perm[j * args.batch_size:(j + 1) * args.batch_size]
     trainable, opt_state, loss, agree = train_step(
-        trainable, opt_state, *(jnp.asarray(a[rows]) for a in (inputs, idx, prob, mask)))
+        trainable, opt_state, step, tuple(jnp.asarray(a[rows]) for a in arrays))
     if step % 10 == 0:
       bar.set_postfix(loss=f'{float(loss):.3f}', agree=f'{float(agree):.3f}')
     mgr.save(step + 1, args=ocp.args.StandardSave({'params': trainable, 'opt_state': opt_state}))
   mgr.wait_until_finished()
   eval_loss, eval_agree = evaluate(trainable)
-  info = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
+  info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
               seed=args.seed, data=args.data, rows=r, coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
               train_seconds=round(time.time() - t0))
+  if args.kind == 'eagle':
+    info.update(feature_weight=args.feature_weight, feature_noise=args.feature_noise,
+                unroll=args.unroll)
   draft_heads.save_draft(args.out, args.kind, draft, trainable, vocab_ids, info=info)
   print(f'eval loss {eval_loss:.3f}, top-1 agreement {eval_agree:.3f}; saved {args.out} '
         f'({time.time() - t0:.0f} s)')

@@ -1,8 +1,9 @@
 """Trained drafts (models/draft_heads.py): exactness on tiny Llama targets, and on SmolLM2 with the
 committed draft when the model is installed.
 
-- Greedy output with an exit-adapter draft (shared cache) and a small reduced-vocabulary draft
-  (own cache) equals plain greedy output token for token, for several K.
+- Greedy output with an exit-adapter draft (shared cache), a small reduced-vocabulary draft
+  (own cache) and an EAGLE draft (reads the target's features) equals plain greedy output token
+  for token.
 - Sampled output with reduced-vocabulary drafts (q exactly zero outside the draft vocabulary)
   follows the target's distribution: chi-square on the joint of the first 3 tokens (V = 5, N =
   20000 rows, fixed keys), failing when p < 1e-3, as in tests/test_exactness.py.
@@ -19,7 +20,7 @@ import jaxspec as js
 from models import draft_heads, llama
 from tests import toys
 
-DRAFT_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts', 'smollm2_exit')
+DRAFTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts')
 
 
 def _random_adapter(config, params, draft, vocab_ids, key):
@@ -39,10 +40,16 @@ def _drafts(config, params, vocab_ids):
   small_cfg = draft_heads.SmallDraftConfig(source_layers=(1,), draft_vocab_size=len(vocab_ids))
   small_params = {'embed': params['embed']['embedding'], 'vocab_ids': jnp.asarray(vocab_ids),
                   **draft_heads.init_small_draft(config, params, small_cfg, vocab_ids)}
+  eagle_cfg = draft_heads.EagleDraftConfig(source_layer=1, draft_vocab_size=len(vocab_ids))
+  eagle_params = {'embed': params['embed']['embedding'], 'vocab_ids': jnp.asarray(vocab_ids),
+                  'head': draft_heads.target_head_rows(config, params, vocab_ids),
+                  **draft_heads.init_eagle_draft(config, params, eagle_cfg, jax.random.key(4))}
+  eagle_params['fc_bias'] = 0.3 * jax.random.normal(jax.random.key(5), eagle_params['fc_bias'].shape)
   return [
       (js.ModelDraft(draft_heads.ExitDraftForward(config, exit_cfg), shares_target_cache=True),
        exit_params),
       (js.ModelDraft(draft_heads.SmallDraftForward(config, small_cfg)), small_params),
+      (js.FeatureDraft(draft_heads.EagleDraftForward(config, eagle_cfg)), eagle_params),
   ]
 
 
@@ -84,7 +91,7 @@ def test_greedy_output_equals_plain(k):
 V, N, NUM_TOKENS, ALPHA, PROMPT = 5, 20000, 3, 1e-3, [1, 3]
 
 
-@pytest.mark.parametrize('which', [0, 1], ids=['exit_adapter', 'small_draft'])
+@pytest.mark.parametrize('which', [0, 1, 2], ids=['exit_adapter', 'small_draft', 'eagle'])
 def test_reduced_vocab_sampling_follows_target(which):
   config = llama.LlamaConfig.tiny(vocab_size=V)
   params = llama.init_params(config, jax.random.key(1))
@@ -109,7 +116,7 @@ def test_save_load_round_trip(tmp_path):
   config = llama.LlamaConfig.tiny()
   params = llama.init_params(config, jax.random.key(0))
   vocab_ids = np.arange(10, dtype=np.int32)
-  (draft, draft_params), _ = _drafts(config, params, vocab_ids)
+  (draft, draft_params), *_ = _drafts(config, params, vocab_ids)
   draft_heads.save_draft(str(tmp_path), 'exit', draft.forward.draft, draft_params['adapter'],
                          vocab_ids, dtype='float32')
   forward, loaded, shares = draft_heads.load_draft(str(tmp_path), config, params)
@@ -121,16 +128,17 @@ def test_save_load_round_trip(tmp_path):
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(DRAFT_DIR, 'draft.json')),
-                    reason='no committed SmolLM2 draft')
-def test_committed_draft_greedy_equals_plain_on_smollm2():
+@pytest.mark.parametrize('name', ['smollm2_exit', 'smollm2_eagle'])
+def test_committed_draft_greedy_equals_plain_on_smollm2(name):
+  draft_dir = os.path.join(DRAFTS, name)
+  assert os.path.isfile(os.path.join(draft_dir, 'draft.json')), f'{draft_dir} is committed'
   from models import gguf_loader  # pylint: disable=g-import-not-at-top
   try:
     path = gguf_loader.default_model_path()
   except FileNotFoundError:
     pytest.skip('SmolLM2 is not installed')
   config, params = gguf_loader.load_gguf(path)
-  draft, draft_params = draft_heads.load_trained_draft(DRAFT_DIR, config, params)
+  draft, draft_params = draft_heads.load_trained_draft(draft_dir, config, params)
   target = llama.LlamaForward(config)
   from models import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   prompt = tok_lib.load_tokenizer(path).encode_chat('Name three primary colors.')
@@ -143,3 +151,21 @@ def test_committed_draft_greedy_equals_plain_on_smollm2():
                             target=target, draft=d, config=cfg))
   assert outs[1].new_tokens() == outs[0].new_tokens()
   assert js.summarize(outs[1].metrics)['drafted_tokens'] > 0
+
+
+def test_eagle_save_load_round_trip(tmp_path):
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  vocab_ids = np.arange(10, dtype=np.int32)
+  draft, draft_params = _drafts(config, params, vocab_ids)[2]
+  trainable = {k: draft_params[k] for k in ('fc', 'fc_bias', 'block', 'norm')}
+  draft_heads.save_draft(str(tmp_path), 'eagle', draft.forward.draft, trainable, vocab_ids,
+                         dtype='float32')
+  loaded_draft, loaded = draft_heads.load_trained_draft(str(tmp_path), config, params)
+  assert isinstance(loaded_draft, js.FeatureDraft) and loaded_draft.forward == draft.forward
+  tokens, start = jnp.asarray([[1, 2, 3]]), jnp.zeros((1,), jnp.int32)
+  feats = jax.random.normal(jax.random.key(2), (1, 3, config.embed_dim))
+  a, _ = draft.forward(loaded, tokens, feats, draft.forward.init_cache(1, 8), start)
+  b, _ = draft.forward(draft_params, tokens, feats, draft.forward.init_cache(1, 8), start)
+  np.testing.assert_allclose(np.asarray(draft.forward.logits(loaded, a)),
+                             np.asarray(draft.forward.logits(draft_params, b)), rtol=1e-5, atol=1e-5)

@@ -69,3 +69,40 @@ def joint_counts(tokens_rows: list[list[int]], num_tokens: int, vocab_size: int)
   for row in tokens_rows:
     counts[tuple(row[:num_tokens])] += 1
   return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureTableModel(TableModel):
+  """`TableModel` whose features (for EAGLE-style drafts) are `[one_hot(token), s]`, with s = +1
+  at even positions and -1 at odd ones: shape `[B, T, V + 1]`."""
+
+  def with_features(self, params, tokens, cache, start):
+    logits, cache = self(params, tokens, cache, start)
+    positions = start[:, None] + jnp.arange(tokens.shape[1])
+    return logits, cache, _table_features(tokens, positions % 2 == 0, logits.shape[-1])
+
+
+def _table_features(tokens, even, vocab_size):
+  sign = jnp.where(even, 1.0, -1.0)[..., None]
+  return jnp.concatenate([jax.nn.one_hot(tokens, vocab_size), sign], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleFeatureDraft:
+  """A `FeatureDraft` forward that is exact for `FeatureTableModel` only if it is handed the right
+  features: it never sees positions, and learns the parity of position j from the sign in the
+  previous position's feature f_{j-1} (zeros before the first position count as odd). Wrong
+  feature bookkeeping gives the wrong parity, hence rejected draft tokens."""
+
+  def __call__(self, params, tokens, prev_features, cache, start):
+    del params, start
+    even = ~(prev_features[..., -1] > 0)
+    return _table_features(tokens, even, prev_features.shape[-1] - 1), cache
+
+  def logits(self, params, features):
+    v = features.shape[-1] - 1
+    token = jnp.argmax(features[..., :v], axis=-1)
+    return params['table'][jnp.where(features[..., -1] > 0, 0, 1), token]
+
+  def init_cache(self, batch_size, max_len):
+    return jnp.zeros((batch_size, max_len), jnp.float32)
