@@ -204,11 +204,13 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
       elif state is None:
         state = draft.init(dparams, tok0, max_len)
       def propose(s, draft=draft, dparams=dparams, k=k):
-        return draft.propose(dparams, s, buffer, pos, jax.random.key(0), num_draft_tokens=k,
-                             sampling=js.SamplingConfig(temperature=0),
-                             vocab_size=target.config.vocab_size)[2]
+        # Returns the draft tokens too, or XLA would drop the last token's head and sampling.
+        tokens, _, s = draft.propose(dparams, s, buffer, pos, jax.random.key(0),
+                                     num_draft_tokens=k, sampling=js.SamplingConfig(temperature=0),
+                                     vocab_size=target.config.vocab_size)
+        return s, tokens
       pjit = jax.jit(propose, donate_argnums=0)
-      out['draft_s'][name][k], state = _timeit(pjit, state)
+      out['draft_s'][name][k], (state, _) = _timeit(lambda st: pjit(st[0]), (state, None))
     if draft.shares_target_cache:
       cache = state
   return out

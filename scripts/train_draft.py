@@ -74,7 +74,7 @@ def _parse():
 def load_rows(path, seq_len, to_draft_idx):
   """Training windows from the data file: tokens [R,T], teacher draft-vocab indices and
   renormalized probabilities [R,T,k], and a loss mask [R,T] over generated positions."""
-  d = np.load(path)
+  d = dict(np.load(path))  # decompress each array once, not once a row
   off, plen = d['offsets'], d['prompt_lengths']
   r, k = len(plen), d['teacher_ids'].shape[1]
   tokens = np.zeros((r, seq_len), np.int32)
@@ -97,7 +97,7 @@ def load_rows(path, seq_len, to_draft_idx):
 
 def token_counts(path, vocab_size):
   """How often each token occurs in the generated part of the data (not the prompts)."""
-  d = np.load(path)
+  d = dict(np.load(path))  # decompress each array once, not once a row
   gen = [d['tokens'][o + p:e] for o, p, e in zip(d['offsets'][:-1], d['prompt_lengths'],
                                                  d['offsets'][1:])]
   return np.bincount(np.concatenate(gen), minlength=vocab_size)
