@@ -63,22 +63,14 @@ class ModelDraft:
     window = jnp.take_along_axis(tokens, start[:, None] + jnp.arange(width), axis=1)
     logits, cache = self.forward(params, window, state, start)
     last = jnp.take_along_axis(logits, (lengths - 1 - start)[:, None, None], axis=1)[:, 0]
-    keys = jax.random.split(key, num_draft_tokens)
 
-    draw = (lambda k, q: jnp.argmax(q, axis=-1).astype(jnp.int32)) if sampling.greedy else sample
-
-    def step(carry, step_key):
-      last_logits, cache, position = carry
-      q = process_logits(last_logits, sampling)
-      x = draw(step_key, q)
+    def step(carry, x):
+      cache, position = carry
       logits, cache = self.forward(params, x[:, None], cache, position)
-      return (logits[:, 0], cache, position + 1), (x, q)
+      return logits[:, 0], (cache, position + 1)
 
-    (last, cache, _), (xs, qs) = jax.lax.scan(step, (last, cache, lengths), keys[:-1])
-    q_last = process_logits(last, sampling)
-    x_last = draw(keys[-1], q_last)
-    draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
-    q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
+    draft_tokens, q, (cache, _) = _autoregress(last, step, (cache, lengths), key,
+                                               num_draft_tokens, sampling)
     return draft_tokens, q, cache
 
 
@@ -155,19 +147,34 @@ class FeatureDraft:
     window = jnp.take_along_axis(tokens, idx, axis=1)
     feats, cache = self.forward(params, window, state['features'], state['cache'], pos)
     last = jnp.take_along_axis(feats, (lengths - 1 - pos)[:, None, None], axis=1)  # [B,1,D]
-    keys = jax.random.split(key, k)
-    draw = (lambda k_, q: jnp.argmax(q, axis=-1).astype(jnp.int32)) if sampling.greedy else sample
 
-    def step(carry, step_key):
+    def step(carry, x):
       feature, cache, position = carry
-      q = process_logits(self.forward.logits(params, feature)[:, 0], sampling)
-      x = draw(step_key, q)
       feature, cache = self.forward(params, x[:, None], feature, cache, position)
-      return (feature, cache, position + 1), (x, q)
+      return self.forward.logits(params, feature)[:, 0], (feature, cache, position + 1)
 
-    (last, cache, _), (xs, qs) = jax.lax.scan(step, (last, cache, lengths), keys[:-1])
-    q_last = process_logits(self.forward.logits(params, last)[:, 0], sampling)
-    x_last = draw(keys[-1], q_last)
-    draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
-    q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
+    draft_tokens, q, (_, cache, _) = _autoregress(
+        self.forward.logits(params, last)[:, 0], step, (last, cache, lengths), key, k, sampling)
     return draft_tokens, q, {**state, 'cache': cache}
+
+
+def _autoregress(first_logits, step, carry, key, num_draft_tokens, sampling):
+  """Draws K tokens one at a time: token i from `process_logits(logits_i)` (argmax when greedy),
+  then `step(carry, token [B]) -> (next logits [B,V], carry)`; no step after the last token.
+
+  Returns (draft_tokens [B,K] int32, q [B,K,V] float32, carry)."""
+  draw = (lambda k, q: jnp.argmax(q, axis=-1).astype(jnp.int32)) if sampling.greedy else sample
+  keys = jax.random.split(key, num_draft_tokens)
+
+  def body(c, step_key):
+    logits, inner = c
+    q = process_logits(logits, sampling)
+    x = draw(step_key, q)
+    return step(inner, x), (x, q)
+
+  (last, carry), (xs, qs) = jax.lax.scan(body, (first_logits, carry), keys[:-1])
+  q_last = process_logits(last, sampling)
+  x_last = draw(keys[-1], q_last)
+  draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
+  q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
+  return draft_tokens, q, carry
