@@ -190,10 +190,10 @@ class EagleDraftForward:
   At position j it reads the token x_j and the target's feature f_{j-1} of the position before
   (the final-normed hidden state the target's head reads; zeros before the first position):
   `h = fc([embed(x_j); f_{j-1}])`, one Llama block with its own KV cache and an RMSNorm give
-  f^_j, the predicted feature of position j, which the target's head (restricted to `vocab_ids`, frozen)
-  turns into the distribution of x_{j+1}. Params: `{'embed': target embedding [V,D] (referenced),
-  'fc': [2D,D], 'fc_bias': [D], 'block': Llama block params, 'norm': [D], 'head': [W,D],
-  'vocab_ids': [W]}`.
+  f^_j, the predicted feature of position j, which the target's head (restricted to `vocab_ids`,
+  frozen) turns into the distribution of x_{j+1}. Params: `{'embed': target embedding [V,D]
+  (referenced), 'fc': [2D,D], 'fc_bias': [D], 'block': Llama block params, 'norm': [D],
+  'head': [W,D], 'vocab_ids': [W]}`.
   """
 
   target_config: llama.LlamaConfig

@@ -1,7 +1,7 @@
 """Why verifying K+1 tokens costs more than one token on XLA:CPU: the matmuls alone.
 
-Times (best of 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random) applied to T = 1..8 rows in
-three formulations, in one run, and prints ms and the ratio to T=1 side by side:
+Times (best of 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random) applied to
+T = 1..8 rows in three formulations, in one run, and prints ms and the ratio to T=1 side by side:
 
 - `x @ W`, W stored (in, out): what models/llama.py does today;
 - `x @ W.T`, W stored (out, in): the fastest here for T = 1;

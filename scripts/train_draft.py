@@ -10,10 +10,10 @@ The loss at each generated position is the cross-entropy of the draft's distribu
 reduced vocabulary against the teacher's top-k distribution renormalized over that vocabulary,
 i.e. forward KL(p || q) up to a constant; EAGLE adds a smooth-L1 regression of the predicted
 features onto the target's (Li et al. 2024, Sec. 4), optional uniform input-feature noise, and
-with `--unroll 2` a second pass that reads its own predicted features. Progress is shown with tqdm; an orbax checkpoint
-(params, optimizer state) is written every `--save_every` steps to `--ckpt_dir`, and a rerun
-resumes from the latest one; data order and init follow `--seed`. The result is written with
-`models.draft_heads.save_draft` to `--out`.
+with `--unroll 2` a second pass that reads its own predicted features. Progress is shown with
+tqdm; an orbax checkpoint (params, optimizer state) is written every `--save_every` steps to
+`--ckpt_dir`, and a rerun resumes from the latest one; data order and init follow `--seed`. The
+result is written with `models.draft_heads.save_draft` to `--out`.
 
   .venv/bin/python scripts/make_draft_data.py                      # the data, once
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
@@ -133,9 +133,11 @@ def _make_model(args, config, params, vocab_ids, key):
       print(f'exit adapter: {n} generated positions in {len(x)} rows of {args.seq_len}')
       return x, idx, prob, np.ones(x.shape[:2], np.float32)
 
-    return draft, trainable, lambda tr, x, i, p, m, noise_key=None: distill(
-        fwd.adapter_logits(tr, x), i, p, m), \
-        arrays
+    def loss_fn(tr, x, i, p, m, noise_key=None):
+      del noise_key
+      return distill(fwd.adapter_logits(tr, x), i, p, m)
+
+    return draft, trainable, loss_fn, arrays
   if args.kind == 'eagle':
     draft = draft_heads.EagleDraftConfig(source_layer=args.source_layer,
                                          draft_vocab_size=args.vocab_size)
@@ -174,16 +176,17 @@ def _make_model(args, config, params, vocab_ids, key):
         prev = prev + jax.random.uniform(noise_key, prev.shape, jnp.float32,
                                          -args.feature_noise, args.feature_noise)
       p = {**frozen, **tr}
-      total, agree = 0.0, None
+      losses, agreements = [], []
       for _ in range(args.unroll):
         pred, _ = fwd(p, tokens, prev, fwd.init_cache(b, t), jnp.zeros((b,), jnp.int32))
-        kl, step_agree = distill(fwd.reduced_logits(p, pred), idx, prob, mask)
+        kl, agree = distill(fwd.reduced_logits(p, pred), idx, prob, mask)
         reg = jnp.sum(optax.huber_loss(pred, feats).mean(-1) * mask) / jnp.maximum(mask.sum(), 1)
-        total, agree = total + kl + args.feature_weight * reg, step_agree if agree is None else agree
+        losses.append(kl + args.feature_weight * reg)
+        agreements.append(agree)
         # Next pass: every position reads the draft's own prediction for the position before,
         # as drafting steps 2..K do (a simple form of EAGLE-3's training-time test).
         prev = jax.lax.stop_gradient(jnp.pad(pred, ((0, 0), (1, 0), (0, 0)))[:, :t])
-      return total, agree
+      return sum(losses), agreements[0]  # agreement of the first pass: the first draft token
 
     return draft, trainable, loss_fn, arrays
   layers = tuple(int(i) for i in args.source_layers.split(','))
@@ -291,7 +294,8 @@ def main():
     mgr.save(step + 1, args=ocp.args.StandardSave({'params': trainable, 'opt_state': opt_state}))
   mgr.wait_until_finished()
   eval_loss, eval_agree = evaluate(trainable)
-  info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
+  info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps,
+              batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
               seed=args.seed, data=args.data, rows=r, coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
               train_seconds=round(time.time() - t0))

@@ -44,7 +44,8 @@ def _drafts(config, params, vocab_ids):
   eagle_params = {'embed': params['embed']['embedding'], 'vocab_ids': jnp.asarray(vocab_ids),
                   'head': draft_heads.target_head_rows(config, params, vocab_ids),
                   **draft_heads.init_eagle_draft(config, params, eagle_cfg, jax.random.key(4))}
-  eagle_params['fc_bias'] = 0.3 * jax.random.normal(jax.random.key(5), eagle_params['fc_bias'].shape)
+  eagle_params['fc_bias'] = 0.3 * jax.random.normal(jax.random.key(5),
+                                                    eagle_params['fc_bias'].shape)
   return [
       (js.ModelDraft(draft_heads.ExitDraftForward(config, exit_cfg), shares_target_cache=True),
        exit_params),
@@ -168,4 +169,5 @@ def test_eagle_save_load_round_trip(tmp_path):
   a, _ = draft.forward(loaded, tokens, feats, draft.forward.init_cache(1, 8), start)
   b, _ = draft.forward(draft_params, tokens, feats, draft.forward.init_cache(1, 8), start)
   np.testing.assert_allclose(np.asarray(draft.forward.logits(loaded, a)),
-                             np.asarray(draft.forward.logits(draft_params, b)), rtol=1e-5, atol=1e-5)
+                             np.asarray(draft.forward.logits(draft_params, b)),
+                             rtol=1e-5, atol=1e-5)
