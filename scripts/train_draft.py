@@ -67,8 +67,14 @@ def _parse():
   p.add_argument('--vocab_size', type=int, default=8192, help='draft vocabulary W')
   p.add_argument('--save_every', type=int, default=100)
   p.add_argument('--holdout', type=float, default=0.05, help='fraction of rows for evaluation')
+  p.add_argument('--train_fraction', type=float, default=1.0,
+                 help='train on this fraction of the training rows (same evaluation rows): '
+                      'for measuring how agreement scales with data')
   p.add_argument('--seed', type=int, default=0)
-  return p.parse_args()
+  args = p.parse_args()
+  if not 0 < args.train_fraction <= 1:
+    p.error(f'--train_fraction must be in (0, 1], got {args.train_fraction}')
+  return args
 
 
 def load_rows(path, seq_len, to_draft_idx):
@@ -247,6 +253,7 @@ def main():
     num_eval = max(1, int(args.holdout * r))
     order = np.random.default_rng(args.seed).permutation(r)
     eval_rows, train_rows = order[:num_eval], order[num_eval:]
+  train_rows = train_rows[:max(args.batch_size, int(args.train_fraction * len(train_rows)))]
 
   warmup = min(args.warmup, args.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(args.steps, warmup + 1),
@@ -296,7 +303,8 @@ def main():
   eval_loss, eval_agree = evaluate(trainable)
   info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps,
               batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
-              seed=args.seed, data=args.data, rows=r, coverage=float(coverage),
+              seed=args.seed, data=args.data, rows=r, train_rows=len(train_rows),
+              coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
               train_seconds=round(time.time() - t0))
   if args.kind == 'eagle':
