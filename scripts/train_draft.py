@@ -111,7 +111,8 @@ def token_counts(path, vocab_size):
 
 def _make_model(args, config, params, vocab_ids, key):
   """Returns (draft config, trainable params, loss_fn(trainable, *arrays) -> (loss, agreement),
-  a function turning (tokens, idx, prob, mask) rows into the arrays loss_fn takes)."""
+  make_arrays(tokens, idx, prob, mask, eval_rows, train_rows) -> (the arrays loss_fn takes,
+  their eval rows, their train rows))."""
   distill = draft_heads.distill_loss
   if args.kind == 'exit':
     draft = draft_heads.ExitDraftConfig(exit_layer=args.exit_layer,
@@ -127,17 +128,26 @@ def _make_model(args, config, params, vocab_ids, key):
                         jnp.zeros((b,), jnp.int32))
       return x
 
-    def arrays(tokens, idx, prob, mask):
+    def arrays(tokens, idx, prob, mask, eval_rows, train_rows):
       x = _batched(features, tokens, args.batch_size, 'exit features')
       # The adapter is per position (no attention): keep only the generated positions, regrouped
-      # into rows of seq_len, so no compute goes to prompts or padding.
-      keep = mask.reshape(-1) > 0
-      n = keep.sum() // args.seq_len * args.seq_len
-      x, idx, prob = (a.reshape(-1, *a.shape[2:])[keep][:n].reshape(-1, args.seq_len,
-                                                                      *a.shape[2:])
-                      for a in (x, idx, prob))
-      print(f'exit adapter: {n} generated positions in {len(x)} rows of {args.seq_len}')
-      return x, idx, prob, np.ones(x.shape[:2], np.float32)
+      # into rows of seq_len, so no compute goes to prompts or padding. Evaluation and training
+      # rows are regrouped apart, so no answer has positions on both sides.
+      def regroup(rows):
+        keep = mask[rows].reshape(-1) > 0
+        n = keep.sum() // args.seq_len * args.seq_len
+        return [a[rows].reshape(-1, *a.shape[2:])[keep][:n].reshape(-1, args.seq_len,
+                                                                    *a.shape[2:])
+                for a in (x, idx, prob)]
+      held_out, train = regroup(eval_rows), regroup(train_rows)
+      if not len(held_out[0]):
+        raise ValueError(f'the {len(eval_rows)} evaluation rows have fewer than --seq_len '
+                         f'{args.seq_len} generated positions; raise --holdout')
+      x, idx, prob = (np.concatenate(pair) for pair in zip(held_out, train))
+      e = len(held_out[0])
+      print(f'exit adapter: {e} eval / {len(x) - e} train rows of {args.seq_len} generated '
+            'positions')
+      return (x, idx, prob, np.ones(x.shape[:2], np.float32)), np.arange(e), np.arange(e, len(x))
 
     def loss_fn(tr, x, i, p, m, noise_key=None):
       del noise_key
@@ -160,7 +170,7 @@ def _make_model(args, config, params, vocab_ids, key):
                                      jnp.zeros((b,), jnp.int32))
       return f.astype(jnp.float16)
 
-    def arrays(tokens, idx, prob, mask):
+    def arrays(tokens, idx, prob, mask, eval_rows, train_rows):
       feats, row = [], 0
       for path in args.data.split(','):  # cached per data file, next to it
         n = len(np.load(path)['prompt_lengths'])
@@ -172,7 +182,7 @@ def _make_model(args, config, params, vocab_ids, key):
                                 f'target features ({path})'))
           np.save(cache, feats[-1])
         row += n
-      return tokens, np.concatenate(feats), idx, prob, mask
+      return (tokens, np.concatenate(feats), idx, prob, mask), eval_rows, train_rows
 
     def loss_fn(tr, tokens, feats, idx, prob, mask, noise_key=None):
       b, t = tokens.shape
@@ -208,7 +218,7 @@ def _make_model(args, config, params, vocab_ids, key):
                                    jnp.zeros((b,), jnp.int32))
     return distill(logits, i, p, m)
 
-  return draft, trainable, loss_fn, lambda *a: a
+  return draft, trainable, loss_fn, lambda *a: (a[:4], a[4], a[5])
 
 
 def _batched(fn, rows, batch_size, desc):
@@ -247,12 +257,8 @@ def main():
 
   draft, trainable, loss_fn, make_arrays = _make_model(args, config, params, vocab_ids,
                                                        jax.random.key(args.seed))
-  arrays = make_arrays(tokens, idx, prob, mask)
-  if len(arrays[0]) != r:  # regrouped rows (exit adapter): split again
-    r = len(arrays[0])
-    num_eval = max(1, int(args.holdout * r))
-    order = np.random.default_rng(args.seed).permutation(r)
-    eval_rows, train_rows = order[:num_eval], order[num_eval:]
+  arrays, eval_rows, train_rows = make_arrays(tokens, idx, prob, mask, eval_rows, train_rows)
+  r, num_eval = len(arrays[0]), len(eval_rows)
   train_rows = train_rows[:max(args.batch_size, int(args.train_fraction * len(train_rows)))]
 
   warmup = min(args.warmup, args.steps // 2)
