@@ -157,14 +157,15 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
       outputs=outputs)
 
 
-def _timeit(fn, state, reps=7):
-  """Median seconds of `state = fn(state)` (buffers donated); returns (seconds, last state)."""
-  state = fn(state)  # compile
+def _timeit(fn, state, *args, reps=7):
+  """Median seconds of `state = fn(state, *args)` (buffers donated); returns (seconds, last
+  state). Parameters go in `args`: closed over, they would be compile-time constants."""
+  state = fn(state, *args)  # compile
   jax.block_until_ready(state)
   times = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    state = fn(state)
+    state = fn(state, *args)
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
   return float(np.median(times)), state
@@ -179,20 +180,21 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
   pos = len0 + args.max_new_tokens // 2
   zero = jnp.zeros((1,), jnp.int32)
   out = {'verify_s': {}, 'draft_s': {}}
-  prefill = jax.jit(lambda c: target(params, tok0, c, zero)[1], donate_argnums=0)
-  out['prefill_s'], cache = _timeit(prefill, target.init_cache(1, max_len), reps=3)
-  step = jax.jit(lambda c: target(params, tok0[:, :1], c, pos - 1)[1], donate_argnums=0)
-  out['target_step_s'], cache = _timeit(step, cache)
+  prefill = jax.jit(lambda c, p: target(p, tok0, c, zero)[1], donate_argnums=0)
+  out['prefill_s'], cache = _timeit(prefill, target.init_cache(1, max_len), params, reps=3)
+  step = jax.jit(lambda c, p: target(p, tok0[:, :1], c, pos - 1)[1], donate_argnums=0)
+  out['target_step_s'], cache = _timeit(step, cache, params)
   for k in ks:
     window = jnp.ones((1, k + 1), jnp.int32)
 
-    def verify(c, window=window):
-      logits, c = target(params, window, c, pos - 1)
+    def verify(c, p, window=window):
+      logits, c = target(p, window, c, pos - 1)
       n, nxt = js.verify_greedy(window[:, 1:], logits)
       return c, n, nxt
 
     vjit = jax.jit(verify, donate_argnums=0)
-    out['verify_s'][k], (cache, _, _) = _timeit(lambda s: vjit(s[0]), (cache, None, None))
+    out['verify_s'][k], (cache, _, _) = _timeit(lambda s, p: vjit(s[0], p), (cache, None, None),
+                                                params)
   buffer = jnp.pad(tok0, ((0, 0), (0, max_len - tok0.shape[1])))
   for name, (draft, dparams, _) in drafts.items():
     out['draft_s'][name] = {}
@@ -205,14 +207,15 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
         state = {**state, 'start': pos - 2}
       elif state is None:
         state = draft.init(dparams, tok0, max_len)
-      def propose(s, draft=draft, dparams=dparams, k=k):
+      def propose(s, dp, draft=draft, k=k):
         # Returns the draft tokens too, or XLA would drop the last token's head and sampling.
-        tokens, _, s = draft.propose(dparams, s, buffer, pos, jax.random.key(0),
+        tokens, _, s = draft.propose(dp, s, buffer, pos, jax.random.key(0),
                                      num_draft_tokens=k, sampling=js.SamplingConfig(temperature=0),
                                      vocab_size=target.config.vocab_size)
         return s, tokens
       pjit = jax.jit(propose, donate_argnums=0)
-      out['draft_s'][name][k], (state, _) = _timeit(lambda st: pjit(st[0]), (state, None))
+      out['draft_s'][name][k], (state, _) = _timeit(lambda st, dp: pjit(st[0], dp),
+                                                    (state, None), dparams)
     if draft.shares_target_cache:
       cache = state
   out['round_s'] = time_rounds(params, target, (tok0, len0), drafts, ks, args)
