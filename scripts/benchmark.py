@@ -9,9 +9,9 @@ accepted-length histogram, compile time and the process's peak RSS. At temperatu
 that the output equals plain greedy output. It then times the pieces of a round (draft proposal,
 verify pass) on their own and the whole round inside the decode loop (the rest, "other", is the
 difference: sampling, commit, draft bookkeeping, loop carry), estimates alpha and the cost ratio
-c, and shows Leviathan et al.'s Theorem 3.8 speedup (and the same with the measured verify cost) next to the measured one, with
-the K the formula picks. Writes `<out>/benchmark.json`, `<out>/results.md`,
-`<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
+c, and shows Leviathan et al.'s Theorem 3.8 speedup (and the same with the measured verify
+cost) next to the measured one, with the K the formula picks. Writes `<out>/benchmark.json`,
+`<out>/results.md`, `<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
 
   .venv/bin/python scripts/benchmark.py --quick                      # a few minutes
   .venv/bin/python scripts/benchmark.py --peers_python .venv-ref/bin/python   # the full run
