@@ -218,7 +218,10 @@ def _make_model(args, config, params, vocab_ids, key):
                                    jnp.zeros((b,), jnp.int32))
     return distill(logits, i, p, m)
 
-  return draft, trainable, loss_fn, lambda *a: (a[:4], a[4], a[5])
+  def arrays(tokens, idx, prob, mask, eval_rows, train_rows):  # the rows as they are
+    return (tokens, idx, prob, mask), eval_rows, train_rows
+
+  return draft, trainable, loss_fn, arrays
 
 
 def _batched(fn, rows, batch_size, desc):
