@@ -1,15 +1,24 @@
 """jaxspec: exact speculative decoding as pure, jit-compiled JAX functions."""
 
+from jaxspec import noise
+from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal, Scored,
+                               Verifier, buffer_length)
 from jaxspec.drafts import FeatureDraft, ModelDraft, NGramDraft
-from jaxspec.loop import (DecodeConfig, DecodeResult, DecodeState, compile_generate, generate,
-                          generate_steps, init_state, pad_prompts, speculative_step, validate_inputs)
+from jaxspec.loop import (FINISH_REASONS, DecodeConfig, DecodeResult, DecodeState, commit,
+                          compile_generate, generate, generate_steps, init_state, pad_prompts,
+                          propose, score, speculative_step, validate_inputs, verify)
 from jaxspec.metrics import Metrics, summarize
-from jaxspec.sampling import SamplingConfig, process_logits, sample
-from jaxspec.verify import verify_exact, verify_greedy
+from jaxspec.noise import RowNoise, row_keys
+from jaxspec.sampling import SamplingConfig, process_logits
+from jaxspec.verify import (Coupled, Exact, Greedy, Mixture, TypicalAcceptance, parse_verifier,
+                            verify_exact, verify_greedy)
 
 __all__ = [
-    'DecodeConfig', 'DecodeResult', 'DecodeState', 'FeatureDraft', 'Metrics', 'ModelDraft',
-    'NGramDraft', 'SamplingConfig', 'compile_generate', 'generate', 'generate_steps', 'init_state',
-    'pad_prompts', 'process_logits', 'sample', 'speculative_step', 'summarize', 'validate_inputs',
-    'verify_exact', 'verify_greedy',
+    'FINISH_REASONS', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'Draft',
+    'DraftContext', 'Exact', 'FeatureDraft', 'FeatureModel', 'Greedy', 'Metrics', 'Mixture',
+    'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal', 'RowNoise', 'SamplingConfig',
+    'Scored', 'TypicalAcceptance', 'Verifier', 'buffer_length', 'commit', 'compile_generate',
+    'generate', 'generate_steps', 'init_state', 'noise', 'pad_prompts', 'parse_verifier',
+    'process_logits', 'propose', 'row_keys', 'score', 'speculative_step', 'summarize',
+    'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',
 ]

@@ -19,7 +19,8 @@ class SamplingConfig:
 
   Attributes:
     temperature: >= 0; 0 means greedy (argmax), and speculative decoding then reproduces the
-      target's greedy output token for token.
+      target's greedy output token for token. A tiny positive temperature (1e-9, 1e-40) is the
+      greedy limit: the argmax, with exact ties sharing the mass.
     top_k: keep the k most likely tokens (ties at the k-th value are kept); 0 disables.
     top_p: nucleus sampling, keep the smallest set of most likely tokens whose mass is >= top_p;
       must be in (0, 1]; 1 disables.
@@ -51,13 +52,19 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     logits: `[..., V]` float.
     config: the sampling rule. Greedy gives a one-hot of the argmax.
   Returns:
-    probs `[..., V]` float32, summing to 1 over the last axis.
+    probs `[..., V]` float32, summing to 1 over the last axis (NaN where the logits hold NaN or
+    +inf, or no finite value: the loop reports such rows, it never samples from them).
   """
   logits = logits.astype(jnp.float32)
   v = logits.shape[-1]
   if config.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
-  logits = logits / config.temperature
+  # Shift the maximum to 0 before scaling, and keep it exactly 0: any temperature > 0, however
+  # small, then gives finite or -inf scaled logits and tends to the greedy limit (the argmax,
+  # ties shared), never to NaN.
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  logits = jnp.where((logits == top) & jnp.isfinite(top), 0.0,
+                     (logits - top) / config.temperature)
   if 0 < config.top_k < v:
     kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -71,7 +78,3 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
   return probs
 
-
-def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token per distribution: probs `[..., V]` float32 -> tokens `[...]` int32."""
-  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

@@ -177,7 +177,7 @@ class ShardedModel:
   """A model callable whose KV caches live sharded on `mesh`, inside or outside jit.
 
   Same interface as the wrapped model: `forward(params, tokens [B,T], cache, start [B]) ->
-  (logits [B,T,V], cache)` and `init_cache(batch_size, max_len)`. The caches it creates and
+  (logits [B,T,V], cache)` and `init_cache(batch_size, buffer_len)`. The caches it creates and
   returns are constrained (`jax.lax.with_sharding_constraint`) to the shardings of
   `cache_axes` (a pytree of logical-name tuples matching the cache). Hashable, so it is a static
   jit argument like the model it wraps. Build it with `ShardedModel.wrap`.
@@ -209,8 +209,8 @@ class ShardedModel:
     """The wrapped draft's `logits` (EAGLE-style drafts)."""
     return self.model.logits(params, features_BTD)
 
-  def init_cache(self, batch_size: int, max_len: int):
-    return self._constrain(self.model.init_cache(batch_size, max_len))
+  def init_cache(self, batch_size: int, buffer_len: int):
+    return self._constrain(self.model.init_cache(batch_size, buffer_len))
 
 
 _MULTIHOST_ENV = ('JAX_COORDINATOR_ADDRESS', 'COORDINATOR_ADDRESS')

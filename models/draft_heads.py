@@ -102,8 +102,8 @@ class ExitDraftForward:
     logits = self.adapter_logits(params['adapter'], x)
     return expand_vocab(logits, params['vocab_ids'], self.target_config.vocab_size), cache
 
-  def init_cache(self, batch_size: int, max_len: int):
-    return llama.init_cache(self.target_config, batch_size, max_len)
+  def init_cache(self, batch_size: int, buffer_len: int):
+    return llama.init_cache(self.target_config, batch_size, buffer_len)
 
 
 def init_exit_adapter(target_config, target_params, draft: ExitDraftConfig, vocab_ids,
@@ -155,8 +155,8 @@ class SmallDraftForward:
     logits, cache = self.reduced_logits(params, tokens_BT, cache, start_B)
     return expand_vocab(logits, params['vocab_ids'], self.target_config.vocab_size), cache
 
-  def init_cache(self, batch_size: int, max_len: int):
-    return llama.init_cache(self.config, batch_size, max_len)
+  def init_cache(self, batch_size: int, buffer_len: int):
+    return llama.init_cache(self.config, batch_size, buffer_len)
 
 
 def init_small_draft(target_config, target_params, draft: SmallDraftConfig, vocab_ids) -> dict:
@@ -223,8 +223,8 @@ class EagleDraftForward:
     return expand_vocab(self.reduced_logits(params, features_BTD), params['vocab_ids'],
                         self.target_config.vocab_size)
 
-  def init_cache(self, batch_size: int, max_len: int):
-    return llama.init_cache(self.config, batch_size, max_len)
+  def init_cache(self, batch_size: int, buffer_len: int):
+    return llama.init_cache(self.config, batch_size, buffer_len)
 
 
 def target_head_rows(target_config, target_params, vocab_ids) -> jax.Array:

@@ -47,7 +47,7 @@ PRESETS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class AlphaDraft:
+class AlphaDraft(js.Draft):
   """Benchmark-only draft with a set acceptance rate: it runs a real draft model (so it costs
   what a draft of that shape costs) but proposes `params['ref'][b, position]`, the target's own
   greedy token there, with probability `params['alpha']`, else `ref + 1` (never the greedy token).
@@ -56,25 +56,23 @@ class AlphaDraft:
   with probability alpha, given the ones before it were."""
 
   forward: object
-  shares_target_cache = False
+  coin_stream = 100  # a noise stream of its own (jaxspec.noise)
 
-  def init(self, params, prompt_tokens, max_len):
-    return js.ModelDraft(self.forward).init(params['model'], prompt_tokens, max_len)
+  def init(self, params, prefill):
+    return js.ModelDraft(self.forward).init(params['model'], prefill)
 
-  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens, sampling,
-              vocab_size):
-    key_model, key_coin = jax.random.split(key)
-    model_tokens, _, state = js.ModelDraft(self.forward).propose(
-        params['model'], state, tokens, lengths, key_model, num_draft_tokens=num_draft_tokens,
-        sampling=sampling, vocab_size=vocab_size)
+  def propose(self, params, state, ctx):
+    proposal = js.ModelDraft(self.forward).propose(params['model'], state, ctx)
     ref = params['ref']
-    positions = jnp.minimum(lengths[:, None] + jnp.arange(num_draft_tokens), ref.shape[1] - 1)
+    positions = jnp.minimum(ctx.lengths[:, None] + jnp.arange(ctx.num_draft_tokens),
+                            ref.shape[1] - 1)
     right = jnp.take_along_axis(ref, positions, axis=1)
-    coin = jax.random.bernoulli(key_coin, params['alpha'], right.shape)
-    proposal = jnp.where(coin, right, (right + 1) % vocab_size)
+    coin = js.noise.uniform(ctx.keys, self.coin_stream, positions) < params['alpha']
+    tokens = jnp.where(coin, right, (right + 1) % ctx.vocab_size)
     # Never true; keeps the draft model's work alive (XLA cannot prove it dead).
-    proposal = jnp.where(model_tokens < 0, model_tokens, proposal)
-    return proposal, jax.nn.one_hot(proposal, vocab_size, dtype=jnp.float32), state
+    tokens = jnp.where(proposal.tokens < 0, proposal.tokens, tokens)
+    return dataclasses.replace(proposal, tokens=tokens,
+                               q=jax.nn.one_hot(tokens, ctx.vocab_size, dtype=jnp.float32))
 
 
 def parse_args(argv=None):
@@ -190,14 +188,15 @@ def timed_together(jobs: dict, reps: int = 5) -> dict:
 def step_times(target, draft, tp, dp, prompts, lengths, args) -> dict:
   """Per-step ms of the forward passes, the plain step and one speculative round (interleaved)."""
   b, k, n = prompts.shape[0], args.k, args.iters
-  max_len = args.prompt_len + args.new_tokens + k + 1
+  max_len = js.buffer_length(args.prompt_len, args.new_tokens, k)
   greedy = js.SamplingConfig(temperature=0)
   plain = dict(target=target, draft=None, config=js.DecodeConfig(
       num_draft_tokens=0, max_new_tokens=args.new_tokens, sampling=greedy))
   spec = dict(target=target, draft=draft, config=js.DecodeConfig(
       num_draft_tokens=k, max_new_tokens=args.new_tokens, sampling=greedy))
   init = jax.jit(js.init_state, static_argnames=('target', 'draft', 'config'))
-  state = lambda p, statics: init(tp, p, prompts, lengths, jax.random.key(3), **statics)
+  state = lambda p, statics: init(tp, p, prompts, lengths, js.row_keys(np.arange(b)),
+                                 **statics)
   jobs = {
       'target_t1': (forward_loop(target, b, 1, max_len, n), (tp,)),
       'target_tk1': (forward_loop(target, b, k + 1, max_len, n), (tp,)),
@@ -245,7 +244,7 @@ def main(argv=None):
     draft_model = sharding.ShardedModel.wrap(draft_model, llama.cache_logical_axes(dc), mesh)
   tp = random_params(tc, jax.random.key(0), mesh)
   dp = random_params(dc, jax.random.key(1), mesh)
-  max_len = args.prompt_len + args.new_tokens + args.k + 1
+  max_len = js.buffer_length(args.prompt_len, args.new_tokens, args.k)
   bandwidth = measure_bandwidth() if args.bandwidth == 'measure' else float(args.bandwidth)
   cache_bytes = nbytes(jax.eval_shape(lambda: llama.init_cache(tc, args.batch, max_len)))
   r = {'args': vars(args), 'device': str(jax.devices()[0].device_kind),
@@ -258,8 +257,8 @@ def main(argv=None):
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, tc.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
   lengths = np.full((args.batch,), args.prompt_len, np.int32)
-  run = lambda cfg, d, p: js.generate(tp, p, prompts, lengths, jax.random.key(2), target=target,
-                                      draft=d, config=cfg)
+  run = lambda cfg, d, p: js.generate(tp, p, prompts, lengths, np.arange(args.batch),
+                                      target=target, draft=d, config=cfg)
   plain_cfg = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.new_tokens,
                               sampling=js.SamplingConfig(temperature=0))
   ref = run(plain_cfg, None, None).tokens  # the target's greedy tokens, for AlphaDraft

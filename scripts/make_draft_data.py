@@ -54,8 +54,9 @@ def _parse():
   return p.parse_args()
 
 
-def _generate(params, forward, prompts, tok, args, sampling, key, desc):
-  """Continues every prompt (sorted by length, batched); returns a list of full sequences."""
+def _generate(params, forward, prompts, tok, args, sampling, seed, desc):
+  """Continues every prompt (sorted by length, batched; prompt j samples with seed
+  `seed + j`); returns a list of full sequences."""
   order = np.argsort([len(p) for p in prompts])
   seqs = [None] * len(prompts)
   config = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.max_new_tokens,
@@ -64,9 +65,9 @@ def _generate(params, forward, prompts, tok, args, sampling, key, desc):
     idx = order[i:i + args.batch_size]
     batch = [prompts[j] for j in idx]
     batch += [batch[-1]] * (args.batch_size - len(batch))  # fixed batch shape
+    seeds = seed + np.concatenate([idx, np.full(args.batch_size - len(idx), idx[-1])])
     toks, lens = js.pad_prompts(batch, tok.pad_id, bucket=64)
-    key, sub = jax.random.split(key)
-    out = js.generate(params, None, toks, lens, sub, target=forward, draft=None, config=config)
+    out = js.generate(params, None, toks, lens, seeds, target=forward, draft=None, config=config)
     for j, new in zip(idx, out.new_tokens()):
       seqs[j] = prompts[j] + new
   return seqs
@@ -108,12 +109,10 @@ def main():
     rows = rows[:args.limit]
   prompts = [tok.encode_chat(r['prompt']) for r in rows]
   prompts = [p for p in prompts if len(p) <= args.max_prompt_tokens]
-  key = jax.random.key(args.seed)
-  key_greedy, key_sampled = jax.random.split(key)
   seqs, plens = [], []
   if not args.skip_greedy:
     seqs = _generate(params, forward, prompts, tok, args, js.SamplingConfig(temperature=0.0),
-                     key_greedy, 'greedy')
+                     args.seed, 'greedy')
     plens = [len(p) for p in prompts]
   num_sampled = int(round(args.sampled_fraction * len(prompts)))
   if num_sampled:  # every prompt floor(fraction) times, then a random subset for the rest
@@ -122,7 +121,7 @@ def main():
         args.seed).choice(len(prompts), rest, replace=False)])
     sub = [prompts[j] for j in chosen]
     seqs += _generate(params, forward, sub, tok, args, js.SamplingConfig(temperature=1.0),
-                      key_sampled, 'sampled T=1')
+                      args.seed + len(prompts), 'sampled T=1')
     plens += [len(p) for p in sub]
   sampled = np.arange(len(seqs)) >= (0 if args.skip_greedy else len(prompts))
   ids, logp = _teacher(params, forward, seqs, args, tok.pad_id)

@@ -23,11 +23,13 @@ ALPHA = 1e-3
 PROMPT = [1, 3]
 
 
-def _sample_rows(draft, target_params, draft_params, sampling, k, seed=0):
+def _sample_rows(draft, target_params, draft_params, sampling, k, seed=0, verifier=None):
   prompts = np.tile(np.asarray([PROMPT], np.int32), (N, 1))
-  config = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=NUM_TOKENS, sampling=sampling)
+  config = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=NUM_TOKENS, sampling=sampling,
+                           verifier=verifier)
   out = js.generate(target_params, draft_params, prompts, np.full((N,), len(PROMPT)),
-                    jax.random.key(seed), target=toys.TableModel(), draft=draft, config=config)
+                    np.arange(N) + N * seed, target=toys.TableModel(), draft=draft,
+                    config=config)
   return out.new_tokens()
 
 
@@ -47,18 +49,26 @@ SAMPLINGS = [
 ]
 
 
+VERIFIERS = {'exact': js.Exact(), 'coupled': js.Coupled()}
+
+
+@pytest.mark.parametrize('verifier', list(VERIFIERS))
 @pytest.mark.parametrize('k', [1, 3, 6])
-@pytest.mark.parametrize('sampling', SAMPLINGS, ids=lambda s: f'T{s.temperature}k{s.top_k}p{s.top_p}')
-def test_model_draft_follows_target(sampling, k):
-  rows = _sample_rows(js.ModelDraft(toys.TableModel()), TARGET, DRAFT, sampling, k)
+@pytest.mark.parametrize('sampling', SAMPLINGS,
+                         ids=lambda s: f'T{s.temperature}k{s.top_k}p{s.top_p}')
+def test_model_draft_follows_target(sampling, k, verifier):
+  rows = _sample_rows(js.ModelDraft(toys.TableModel()), TARGET, DRAFT, sampling, k,
+                      verifier=VERIFIERS[verifier])
   assert all(len(r) == NUM_TOKENS for r in rows)
   assert _pvalue(rows, TARGET, sampling) > ALPHA
 
 
+@pytest.mark.parametrize('verifier', list(VERIFIERS))
 @pytest.mark.parametrize('k', [1, 3, 6])
-def test_ngram_draft_follows_target(k):
+def test_ngram_draft_follows_target(k, verifier):
   sampling = js.SamplingConfig(temperature=0.8)
-  rows = _sample_rows(js.NGramDraft(max_ngram=2), TARGET, None, sampling, k)
+  rows = _sample_rows(js.NGramDraft(max_ngram=2), TARGET, None, sampling, k,
+                      verifier=VERIFIERS[verifier])
   assert _pvalue(rows, TARGET, sampling) > ALPHA
 
 
@@ -80,13 +90,11 @@ def _window_q(forward, params, tokens, lengths, draft_tokens, sampling):
 class GreedyDraftSoftmaxQ(js.ModelDraft):
   """Broken on purpose: samples greedily, but reports its softmax q to the verifier."""
 
-  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens, sampling,
-              vocab_size):
-    draft_tokens, _, state = super().propose(
-        params, state, tokens, lengths, key, num_draft_tokens=num_draft_tokens,
-        sampling=js.SamplingConfig(temperature=0), vocab_size=vocab_size)
-    q = _window_q(self.forward, params, tokens, lengths, draft_tokens, sampling)
-    return draft_tokens, q, state
+  def propose(self, params, state, ctx):
+    proposal = super().propose(params, state,
+                               dataclasses.replace(ctx, sampling=js.SamplingConfig(temperature=0)))
+    q = _window_q(self.forward, params, ctx.tokens, ctx.lengths, proposal.tokens, ctx.sampling)
+    return dataclasses.replace(proposal, q=q)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,20 +102,34 @@ class RawQDraft(js.ModelDraft):
   """Broken on purpose: samples from the processed q, but reports the raw softmax (no
   temperature / top-k) to the verifier."""
 
-  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens, sampling,
-              vocab_size):
-    draft_tokens, _, state = super().propose(
-        params, state, tokens, lengths, key, num_draft_tokens=num_draft_tokens,
-        sampling=sampling, vocab_size=vocab_size)
-    q = _window_q(self.forward, params, tokens, lengths, draft_tokens, js.SamplingConfig())
-    return draft_tokens, q, state
+  def propose(self, params, state, ctx):
+    proposal = super().propose(params, state, ctx)
+    q = _window_q(self.forward, params, ctx.tokens, ctx.lengths, proposal.tokens,
+                  js.SamplingConfig())
+    return dataclasses.replace(proposal, q=q)
 
 
-@pytest.mark.parametrize('broken, sampling', [
-    (GreedyDraftSoftmaxQ(toys.TableModel()), js.SamplingConfig(temperature=1.0)),
-    (RawQDraft(toys.TableModel()), js.SamplingConfig(temperature=0.5, top_k=2)),
-])
-def test_broken_verifier_is_detected(broken, sampling):
-  """The same check rejects a draft whose reported q is not the q it sampled from."""
-  rows = _sample_rows(broken, TARGET, DRAFT, sampling, 3)
+@dataclasses.dataclass(frozen=True)
+class CoupledFreshNoise(js.Coupled):
+  """Broken on purpose: the coupled rule, but the token after the accepted prefix is drawn from p
+  with fresh noise (another stream) instead of the coupled noise, forgetting that a rejection
+  has already ruled out the drafted token: the drafted token comes out too often."""
+
+  def __call__(self, rows, proposal, logits, sampling):
+    n, _ = super().__call__(rows, proposal, logits, sampling)
+    p = js.process_logits(logits, sampling)
+    dist = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+    return n, rows.gumbel_max(js.noise.DRAFT, n, dist)
+
+
+@pytest.mark.parametrize('broken, sampling, verifier', [
+    (GreedyDraftSoftmaxQ(toys.TableModel()), js.SamplingConfig(temperature=1.0), None),
+    (RawQDraft(toys.TableModel()), js.SamplingConfig(temperature=0.5, top_k=2), None),
+    (js.ModelDraft(toys.TableModel()), js.SamplingConfig(temperature=1.0),
+     CoupledFreshNoise()),
+], ids=['greedy_q', 'raw_q', 'coupled_fresh_noise'])
+def test_broken_verifier_is_detected(broken, sampling, verifier):
+  """The same check rejects a draft whose reported q is not the q it sampled from, and a
+  coupled rule that resamples with fresh noise."""
+  rows = _sample_rows(broken, TARGET, DRAFT, sampling, 3, verifier=verifier)
   assert _pvalue(rows, TARGET, sampling) < ALPHA

@@ -8,6 +8,7 @@ output equals plain decoding.
 """
 
 import jax
+import numpy as np
 import pytest
 
 import jaxspec as js
@@ -24,14 +25,14 @@ def test_oracle_feature_draft_accepts_everything(k, temperature):
   prompts, lengths = js.pad_prompts([[3], [1, 4, 1, 5, 9, 2, 6], [2, 7]], bucket=8)
   sampling = js.SamplingConfig(temperature=temperature)
   cfg = lambda kk: js.DecodeConfig(num_draft_tokens=kk, max_new_tokens=23, sampling=sampling)
-  out = js.generate(params, params, prompts, lengths, jax.random.key(1), target=target,
+  out = js.generate(params, params, prompts, lengths, np.full(len(lengths), 1), target=target,
                     draft=js.FeatureDraft(toys.OracleFeatureDraft()), config=cfg(k))
   stats = js.summarize(out.metrics)
   assert stats['drafted_tokens'] > 0
   assert stats['acceptance_rate'] == 1.0
   assert all(len(r) == 23 for r in out.new_tokens())
   if temperature == 0:
-    plain = js.generate(params, None, prompts, lengths, jax.random.key(1), target=target,
+    plain = js.generate(params, None, prompts, lengths, np.full(len(lengths), 1), target=target,
                         draft=None, config=cfg(0))
     assert out.new_tokens() == plain.new_tokens()
 
@@ -46,7 +47,7 @@ def test_wrong_features_are_caught():
       return logits, cache, f.at[..., -1].multiply(-1)  # parity of the wrong position
 
   prompts, lengths = js.pad_prompts([[1, 4, 1, 5]], bucket=8)
-  out = js.generate(params, params, prompts, lengths, jax.random.key(1), target=Shifted(),
+  out = js.generate(params, params, prompts, lengths, np.full(len(lengths), 1), target=Shifted(),
                     draft=js.FeatureDraft(toys.OracleFeatureDraft()),
                     config=js.DecodeConfig(num_draft_tokens=3, max_new_tokens=20,
                                            sampling=js.SamplingConfig(temperature=0)))
@@ -57,6 +58,7 @@ def test_target_without_features_is_refused():
   params = toys.random_table(jax.random.key(0), V)
   prompts, lengths = js.pad_prompts([[1, 2]], bucket=8)
   with pytest.raises(ValueError, match='with_features'):
-    js.generate(params, params, prompts, lengths, jax.random.key(1), target=toys.TableModel(),
+    js.generate(params, params, prompts, lengths, np.full(len(lengths), 1),
+                target=toys.TableModel(),
                 draft=js.FeatureDraft(toys.OracleFeatureDraft()),
                 config=js.DecodeConfig(num_draft_tokens=2, max_new_tokens=4))

@@ -24,19 +24,16 @@ MAX_NEW = 24
 class AdversarialDraft(js.ModelDraft):
   """Proposes, at every position, a token that the target's greedy choice is not."""
 
-  def propose(self, params, state, tokens, lengths, key, *, num_draft_tokens, sampling,
-              vocab_size):
-    draft_tokens, _, state = super().propose(
-        params, state, tokens, lengths, key, num_draft_tokens=num_draft_tokens,
-        sampling=sampling, vocab_size=vocab_size)
-    wrong = (draft_tokens + 1) % vocab_size
-    return wrong, jax.nn.one_hot(wrong, vocab_size), state
+  def propose(self, params, state, ctx):
+    proposal = super().propose(params, state, ctx)
+    wrong = (proposal.tokens + 1) % ctx.vocab_size
+    return dataclasses.replace(proposal, tokens=wrong, q=jax.nn.one_hot(wrong, ctx.vocab_size))
 
 
 def _run(draft, draft_params, k):
   tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
   config = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=MAX_NEW, sampling=GREEDY)
-  out = js.generate(PARAMS, draft_params, tokens, lengths, jax.random.key(0), target=TARGET,
+  out = js.generate(PARAMS, draft_params, tokens, lengths, np.full(len(lengths), 0), target=TARGET,
                     draft=draft, config=config)
   return out.new_tokens(), js.summarize(out.metrics)
 
@@ -77,7 +74,7 @@ def test_step_twin_matches_generate(plain):
   """The Python-loop twin (`generate_steps`) runs the same step and ends in the same tokens."""
   tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
   config = js.DecodeConfig(num_draft_tokens=3, max_new_tokens=MAX_NEW, sampling=GREEDY)
-  states = list(js.generate_steps(PARAMS, None, tokens, lengths, jax.random.key(0),
+  states = list(js.generate_steps(PARAMS, None, tokens, lengths, np.full(len(lengths), 0),
                                   target=TARGET, draft=js.NGramDraft(), config=config))
   last = states[-1]
   out = [np.asarray(last.tokens)[b, len(p):int(last.lengths[b])].tolist()
@@ -97,7 +94,7 @@ def test_bfloat16_weights_and_cache():
                          jnp.zeros((3,), jnp.int32))
   assert logits.dtype == jnp.float32 and cache[0]['k'].dtype == jnp.bfloat16
   run = lambda draft, k: js.generate(
-      params, params, tokens, lengths, jax.random.key(0), target=target, draft=draft,
+      params, params, tokens, lengths, np.full(len(lengths), 0), target=target, draft=draft,
       config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=MAX_NEW,
                              sampling=GREEDY)).new_tokens()
   assert run(js.ModelDraft(LlamaForward(cfg, num_layers=1), shares_target_cache=True), 3) == \

@@ -68,7 +68,7 @@ def test_speculative_decode_matches_transformers(loaded):
   different family) reproduces transformers' greedy tokens of the Llama model exactly."""
   tokens, lengths = js.pad_prompts([REF['tokens'].tolist()], bucket=16)
   (config, params), (draft_config, draft_params) = loaded['llama'], loaded['qwen2']
-  out = js.generate(params, draft_params, tokens, lengths, jax.random.key(0),
+  out = js.generate(params, draft_params, tokens, lengths, np.full(len(lengths), 0),
                     target=llama.LlamaForward(config),
                     draft=js.ModelDraft(llama.LlamaForward(draft_config)),
                     config=js.DecodeConfig(num_draft_tokens=3, max_new_tokens=16,
@@ -144,7 +144,8 @@ def _worker():
   target = sharding.ShardedModel.wrap(llama.LlamaForward(config),
                                       llama.cache_logical_axes(config), mesh)
   tokens, lengths = js.pad_prompts([REF['tokens'].tolist()] * 2, bucket=16)
-  out = js.generate(params, None, tokens, lengths, jax.random.key(0), target=target, draft=None,
+  out = js.generate(params, None, tokens, lengths, np.full(len(lengths), 0),
+                    target=target, draft=None,
                     config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=16,
                                            sampling=js.SamplingConfig(temperature=0)))
   rows = out.new_tokens()

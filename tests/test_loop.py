@@ -22,7 +22,8 @@ K = 4
 
 def _run(config, draft=PERFECT, prompts=(PROMPT,), key=0):
   tokens, lengths = js.pad_prompts([list(p) for p in prompts], bucket=8)
-  return js.generate(TABLE, TABLE, tokens, lengths, jax.random.key(key), target=toys.TableModel(),
+  return js.generate(TABLE, TABLE, tokens, lengths, np.full(len(lengths), key),
+                     target=toys.TableModel(),
                      draft=draft, config=config)
 
 
@@ -41,9 +42,11 @@ def test_eos_at_every_position_of_a_window():
   tokens, lengths = js.pad_prompts(prompts, bucket=8)
   config = js.DecodeConfig(num_draft_tokens=K, max_new_tokens=3 * (K + 1), sampling=GREEDY,
                            eos_id=0, pad_id=V + 1)
-  out = js.generate(cycle, cycle, tokens, lengths, jax.random.key(0), target=toys.TableModel(),
+  out = js.generate(cycle, cycle, tokens, lengths, np.full(len(lengths), 0),
+                    target=toys.TableModel(),
                     draft=PERFECT, config=config)
   metrics = jax.tree.map(np.asarray, out.metrics)
+  assert out.finish_reasons() == ['eos'] * len(positions)
   for j, row in zip(positions, out.new_tokens()):
     assert row == [(V - j + i) % V for i in range(j + 1)]  # ends with the EOS, nothing after
     assert np.all(np.asarray(out.tokens)[j, int(out.lengths[j]):] == V + 1)
@@ -66,6 +69,7 @@ def test_max_new_tokens_one_with_accepted_draft(reference):
 def test_budget_never_exceeded(reference, max_new):
   out = _run(js.DecodeConfig(num_draft_tokens=K, max_new_tokens=max_new, sampling=GREEDY))
   assert out.new_tokens()[0] == reference[:max_new]
+  assert out.finish_reasons() == ['length']
 
 
 def test_finished_rows_stop_while_others_continue(reference):
@@ -85,7 +89,7 @@ def test_same_seed_same_tokens_other_seed_differs():
   tokens, lengths = js.pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8]], bucket=8)
   config = js.DecodeConfig(num_draft_tokens=3, max_new_tokens=16,
                            sampling=js.SamplingConfig(temperature=1.0))
-  run = lambda seed: js.generate(params, params, tokens, lengths, jax.random.key(seed),
+  run = lambda seed: js.generate(params, params, tokens, lengths, np.full(len(lengths), seed),
                                  target=LlamaForward(cfg), draft=js.ModelDraft(
                                      LlamaForward(cfg, num_layers=1), shares_target_cache=True),
                                  config=config).new_tokens()
@@ -127,7 +131,7 @@ def test_empty_prompt_rejected():
   with pytest.raises(ValueError, match='empty prompt'):
     js.pad_prompts([[1, 2], []])
   with pytest.raises(ValueError, match='empty prompt'):
-    js.generate(TABLE, None, np.zeros((1, 4), np.int32), np.array([0]), jax.random.key(0),
+    js.generate(TABLE, None, np.zeros((1, 4), np.int32), np.array([0]), np.array([0]),
                 target=toys.TableModel(), draft=None,
                 config=js.DecodeConfig(num_draft_tokens=0))
 
@@ -156,7 +160,8 @@ def test_vocabulary_mismatch_rejected():
   tokens, lengths = js.pad_prompts([[1, 2, 3]], bucket=8)
   with pytest.raises(ValueError, match='vocabulary mismatch'):
     js.generate(init_params(target_cfg, jax.random.key(0)),
-                init_params(draft_cfg, jax.random.key(1)), tokens, lengths, jax.random.key(0),
+                init_params(draft_cfg, jax.random.key(1)), tokens, lengths,
+                np.full(len(lengths), 0),
                 target=LlamaForward(target_cfg), draft=js.ModelDraft(LlamaForward(draft_cfg)),
                 config=js.DecodeConfig(num_draft_tokens=2))
 
@@ -164,7 +169,7 @@ def test_vocabulary_mismatch_rejected():
 def test_prompt_that_does_not_fit_rejected():
   tokens, lengths = js.pad_prompts([list(range(1, 30))], bucket=32)
   with pytest.raises(ValueError, match='does not fit'):
-    _run(js.DecodeConfig(num_draft_tokens=K, max_new_tokens=16, max_len=48), prompts=[
+    _run(js.DecodeConfig(num_draft_tokens=K, max_new_tokens=16, context_length=48), prompts=[
         list(range(1, 30))])
 
 

@@ -168,7 +168,7 @@ def _worker():
     for mode in names:
       sampling = modes[mode]
       cfg = js.DecodeConfig(num_draft_tokens=3, max_new_tokens=12, sampling=sampling)
-      res = js.generate(p, dp, tokens, lengths, jax.random.key(7), target=target,
+      res = js.generate(p, dp, tokens, lengths, np.full(len(lengths), 7), target=target,
                         draft=js.ModelDraft(draft_model), config=cfg)
       out[mode] = res.new_tokens()
     return out

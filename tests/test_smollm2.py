@@ -58,7 +58,7 @@ def test_logits_match_transformers(model, reference, chat):
 def _decode(model, prompts, draft, k):
   config, params, tok = model
   tokens, lengths = js.pad_prompts(prompts, pad_id=tok.pad_id)
-  out = js.generate(params, params, tokens, lengths, jax.random.key(0),
+  out = js.generate(params, params, tokens, lengths, np.full(len(lengths), 0),
                     target=LlamaForward(config), draft=draft,
                     config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=64,
                                            sampling=js.SamplingConfig(temperature=0),

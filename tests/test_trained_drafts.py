@@ -76,11 +76,13 @@ def test_greedy_output_equals_plain(k):
   target = llama.LlamaForward(config)
   vocab_ids = np.arange(0, config.vocab_size, 2, dtype=np.int32)  # half the vocabulary
   prompts, lengths = js.pad_prompts([[1, 5, 9], [3, 4, 7, 8, 2, 6], [11]], bucket=8)
-  plain = js.generate(params, None, prompts, lengths, jax.random.key(0), target=target, draft=None,
+  plain = js.generate(params, None, prompts, lengths, np.full(len(lengths), 0),
+                      target=target, draft=None,
                       config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=20,
                                              sampling=js.SamplingConfig(temperature=0)))
   for draft, draft_params in _drafts(config, params, vocab_ids):
-    out = js.generate(params, draft_params, prompts, lengths, jax.random.key(0), target=target,
+    out = js.generate(params, draft_params, prompts, lengths, np.full(len(lengths), 0),
+                      target=target,
                       draft=draft,
                       config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=20,
                                              sampling=js.SamplingConfig(temperature=0)))
@@ -100,7 +102,7 @@ def test_reduced_vocab_sampling_follows_target(which):
   draft, draft_params = _drafts(config, params, np.asarray([0, 2, 3], np.int32))[which]
   sampling = js.SamplingConfig(temperature=1.0)
   prompts = np.tile(np.asarray([PROMPT], np.int32), (N, 1))
-  out = js.generate(params, draft_params, prompts, np.full((N,), len(PROMPT)), jax.random.key(0),
+  out = js.generate(params, draft_params, prompts, np.full((N,), len(PROMPT)), np.arange(N),
                     target=target, draft=draft,
                     config=js.DecodeConfig(num_draft_tokens=3, max_new_tokens=NUM_TOKENS,
                                            sampling=sampling))
@@ -148,7 +150,7 @@ def test_committed_draft_greedy_equals_plain_on_smollm2(name):
   for d, k in ((None, 0), (draft, 4)):
     cfg = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=16, eos_id=2, pad_id=2,
                           sampling=js.SamplingConfig(temperature=0))
-    outs.append(js.generate(params, draft_params, tokens, lengths, jax.random.key(0),
+    outs.append(js.generate(params, draft_params, tokens, lengths, np.full(len(lengths), 0),
                             target=target, draft=d, config=cfg))
   assert outs[1].new_tokens() == outs[0].new_tokens()
   assert js.summarize(outs[1].metrics)['drafted_tokens'] > 0

@@ -33,6 +33,15 @@ def reference_outcomes(p, q, drafted):
   return out
 
 
+def _rows(n, seed=0):
+  """Noise for n independent rows (seeds seed*n .. seed*n + n - 1), window at position 0."""
+  return js.RowNoise(js.row_keys(np.arange(n) + seed * n), jnp.zeros((n,), jnp.int32))
+
+
+def _tile(n, drafted, q, p):
+  return (jnp.tile(drafted, (n, 1)), jnp.tile(q, (n, 1, 1)), jnp.tile(p, (n, 1, 1)))
+
+
 def _random_case(seed, k, v):
   rng = np.random.default_rng(seed)
   p = rng.dirichlet(np.full(v, 0.7), size=k + 1).astype(np.float32)
@@ -45,11 +54,9 @@ def _random_case(seed, k, v):
 def test_exact_outcomes_match_reference(seed, k, v):
   p, q, drafted = _random_case(seed, k, v)
   n = 100_000
-  keys = jax.random.split(jax.random.key(seed), n)
-  accepted, nxt = jax.jit(jax.vmap(lambda key: js.verify_exact(
-      key, drafted[None], q[None], p[None])))(keys)
+  accepted, nxt = jax.jit(js.verify_exact)(_rows(n, seed), *_tile(n, drafted, q, p))
   counts = np.zeros((k + 1, v))
-  np.add.at(counts, (np.asarray(accepted)[:, 0], np.asarray(nxt)[:, 0]), 1)
+  np.add.at(counts, (np.asarray(accepted), np.asarray(nxt)), 1)
   expected = reference_outcomes(p, q, drafted)
   assert abs(expected.sum() - 1) < 1e-9
   assert toys.chi_square_pvalue(counts, expected) > ALPHA
@@ -58,8 +65,7 @@ def test_exact_outcomes_match_reference(seed, k, v):
 def test_equal_distributions_accept_everything():
   p, q, drafted = _random_case(3, 4, 6)
   p[:4] = q
-  accepted, _ = js.verify_exact(jax.random.key(0), jnp.tile(drafted, (64, 1)),
-                                jnp.tile(q, (64, 1, 1)), jnp.tile(p, (64, 1, 1)))
+  accepted, _ = js.verify_exact(_rows(64), *_tile(64, drafted, q, p))
   assert np.all(np.asarray(accepted) == 4)
 
 
@@ -67,11 +73,9 @@ def test_impossible_draft_is_rejected_and_replaced_from_p():
   v = 4
   p = np.array([[0.0, 0.5, 0.5, 0.0], [0.25] * 4], np.float32)
   q = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)  # one-hot on a token p never produces
-  keys = jax.random.split(jax.random.key(0), 4000)
-  accepted, nxt = jax.vmap(lambda key: js.verify_exact(
-      key, jnp.zeros((1, 1), jnp.int32), q[None], p[None]))(keys)
+  accepted, nxt = js.verify_exact(_rows(4000), *_tile(4000, np.zeros(1, np.int32), q, p))
   assert np.all(np.asarray(accepted) == 0)
-  counts = np.bincount(np.asarray(nxt)[:, 0], minlength=v)
+  counts = np.bincount(np.asarray(nxt), minlength=v)
   assert counts[0] == 0 and counts[3] == 0
   assert toys.chi_square_pvalue(counts, p[0]) > ALPHA
 
@@ -94,7 +98,7 @@ def test_shape_errors():
   with pytest.raises(ValueError, match=r'\[B, K\+1, V\]'):
     js.verify_greedy(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 5)))
   with pytest.raises(ValueError, match=r'\[B, K, V\]'):
-    js.verify_exact(jax.random.key(0), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 4)),
+    js.verify_exact(_rows(2), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 4)),
                     jnp.zeros((2, 4, 5)))
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.sampling import SamplingConfig, process_logits, sample
+from jaxspec.sampling import SamplingConfig, process_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +22,8 @@ class TableModel:
     positions = start[:, None] + jnp.arange(tokens.shape[1])
     return params['table'][positions % 2, tokens], cache
 
-  def init_cache(self, batch_size, max_len):
-    return jnp.zeros((batch_size, max_len), jnp.float32)
+  def init_cache(self, batch_size, buffer_len):
+    return jnp.zeros((batch_size, buffer_len), jnp.float32)
 
 
 def random_table(key, vocab_size, scale=1.5):
@@ -104,5 +104,5 @@ class OracleFeatureDraft:
     token = jnp.argmax(features[..., :v], axis=-1)
     return params['table'][jnp.where(features[..., -1] > 0, 0, 1), token]
 
-  def init_cache(self, batch_size, max_len):
-    return jnp.zeros((batch_size, max_len), jnp.float32)
+  def init_cache(self, batch_size, buffer_len):
+    return jnp.zeros((batch_size, buffer_len), jnp.float32)
