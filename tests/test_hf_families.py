@@ -13,7 +13,7 @@ import pytest
 
 import jaxspec as js
 from models import gemma3, hf_loader, llama
-from tests.test_sharding import ROOT
+from tests.test_sharding import ROOT, run_worker
 
 FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'hf_tiny')
 REF = dict(np.load(os.path.join(FIXTURES, 'families.npz')))
@@ -101,11 +101,42 @@ def test_unsupported_features_raise():
         'sliding_attention': {'rope_type': 'default', 'rope_theta': 1e4}}})
 
 
-def test_gemma3_sharded_placement():
-  """Gemma params get logical axes, so `load_hf(mesh=...)` places them (one device here)."""
+def test_gemma3_sharded_load_and_decode():
+  """On 8 fake devices (data=2, model=4): Gemma params are placed by their logical axes, and
+  the sharded logits and greedy tokens match transformers."""
+  r = run_worker(os.path.abspath(__file__))
+  assert r['q_spec'] == [None, 'model', None] and r['q_shard_shape'] == [64, 1, 16]
+  assert r['k_spec'] == [None, None, None]  # 2 KV heads do not divide model=4
+  assert r['gate_spec'] == [None, 'model'] and r['embed_spec'] == ['model', None]
+  assert r['logits_max_err'] <= LOGITS_TOL
+  assert r['greedy'] == REF['gemma3_greedy'].tolist()
+
+
+def _worker():
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
-  mesh = sharding.make_mesh('data=1,model=1', devices=jax.devices()[:1])
+  mesh = sharding.make_mesh('data=2,model=4')
   config, params = hf_loader.load_hf(os.path.join(FIXTURES, 'gemma3'), mesh=mesh)
-  axes = gemma3.logical_axes(config)
-  placed = sharding.shard_params(params, axes, mesh)
-  assert jax.tree.structure(placed) == jax.tree.structure(params)
+  target = sharding.ShardedModel.wrap(gemma3.Gemma3Forward(config),
+                                      gemma3.cache_logical_axes(config), mesh)
+  tokens = jnp.asarray(REF['tokens'][None])
+  logits, _ = jax.jit(target)(params, tokens, target.init_cache(1, 40), jnp.zeros((1,), jnp.int32))
+  err = float(np.abs(np.asarray(logits) - REF['gemma3_logits']).max())
+  padded, lengths = js.pad_prompts([REF['tokens'].tolist()] * 2, bucket=64)
+  out = js.generate(params, None, padded, lengths, jax.random.key(0), target=target, draft=None,
+                    config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=12,
+                                           sampling=js.SamplingConfig(temperature=0)))
+  rows = out.new_tokens()
+  assert rows[0] == rows[1]
+  spec = lambda x: list(tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec)))
+  layer = params['layers_0']
+  print(json.dumps({
+      'q_spec': spec(layer['attn']['q']['kernel']), 'k_spec': spec(layer['attn']['k']['kernel']),
+      'gate_spec': spec(layer['mlp']['gate']['kernel']),
+      'embed_spec': spec(params['embed']['embedding']),
+      'q_shard_shape': list(layer['attn']['q']['kernel'].addressable_shards[0].data.shape),
+      'logits_max_err': err, 'greedy': rows[0]}))
+
+
+if __name__ == '__main__':
+  jax.config.update('jax_default_matmul_precision', 'highest')
+  _worker()
