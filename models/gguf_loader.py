@@ -192,6 +192,9 @@ def load_gguf(path: str, dtype: str = 'float32'):
   c = config
   permute = _field(reader, 'general.architecture') == 'llama'
   raw = {t.name: t for t in reader.tensors}
+  if 'rope_freqs.weight' in raw:  # llama.cpp's form of Llama 3.1 RoPE scaling
+    raise ValueError(f'{path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1 RoPE '
+                     'scaling) are not supported from GGUF; load the Hugging Face directory')
 
   def get(name):
     t = raw[name]

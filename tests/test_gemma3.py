@@ -120,6 +120,22 @@ def test_logits_match_transformers(model, reference, prompt):
   assert (ours.argmax(-1) == ref[f'p{prompt}_top_ids'][:, 0]).all()
 
 
+def test_window_matters_on_real_weights(model, reference):
+  """Without the 512-token window the late positions of prompt 2 are far off (about 2-4 here),
+  so the parity above really checks the sliding-window mask."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  config, params = model
+  _, ref = reference
+  forward = Gemma3Forward(dataclasses.replace(config, sliding_window=100_000))
+  ids, positions = ref['p2_ids'], ref['p2_positions']
+  logits, _ = jax.jit(forward)(params, jnp.asarray(ids[None]), forward.init_cache(1, len(ids)),
+                               jnp.zeros((1,), jnp.int32))
+  err = np.abs(np.asarray(logits[0, positions][:, ref['sampled_ids']])
+               - ref['p2_sampled_logits']).max(axis=1)
+  assert (positions > 512).tolist() == [False, False, True, True]
+  assert (err[:2] < LOGIT_TOL).all() and (err[2:] > 0.1).all(), err
+
+
 def _decode(model, prompts, draft, k, new=24):
   config, params = model
   tokens, lengths = js.pad_prompts(prompts, pad_id=0)
