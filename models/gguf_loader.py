@@ -16,6 +16,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+from models import gguf_file
 from models.gemma3 import Gemma3Config
 from models.llama import LlamaConfig
 
@@ -63,16 +64,14 @@ def gemma3_270m_path(cache_dir: str | None = None) -> str:
                             f'{GEMMA3_INSTALL_HINT}') from e
 
 
-def _reader(path: str):
-  import gguf  # pylint: disable=g-import-not-at-top
+def _reader(path: str) -> gguf_file.GGUFFile:
   if not os.path.isfile(path):
     raise FileNotFoundError(f'GGUF file not found: {path}')
-  return gguf.GGUFReader(path)
+  return gguf_file.read_gguf(path)
 
 
 def _field(reader, key, default=None):
-  field = reader.fields.get(key)
-  return default if field is None else field.contents()
+  return reader.metadata.get(key, default)
 
 
 def config_from_gguf(reader, dtype: str = 'float32') -> LlamaConfig | Gemma3Config:

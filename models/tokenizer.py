@@ -10,11 +10,12 @@ import dataclasses
 import os
 from typing import Any
 
-import gguf
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders, pre_tokenizers
+
+from models import gguf_file
 
 _TOKEN_TYPE_CONTROL = 3  # llama.cpp's CONTROL: special tokens such as <|im_start|>.
 
@@ -27,6 +28,7 @@ _METADATA_KEYS = (
     'tokenizer.ggml.bos_token_id',
     'tokenizer.ggml.eos_token_id',
     'tokenizer.ggml.padding_token_id',
+    'tokenizer.ggml.unknown_token_id',
     'tokenizer.chat_template',
     'general.architecture',
 )
@@ -45,12 +47,12 @@ GEMMA_CHAT_TEMPLATE = (
 def read_tokenizer_metadata(gguf_path: str) -> dict[str, Any]:
   """The `tokenizer.*` metadata of a GGUF file as Python values; absent keys are left out.
 
-  Raises FileNotFoundError naming the path when there is no such file.
+  Raises FileNotFoundError naming the path when there is no such file, ValueError when it is not
+  a GGUF v2/v3 file.
   """
   if not os.path.isfile(gguf_path):
     raise FileNotFoundError(f'GGUF file not found: {gguf_path!r}')
-  fields = gguf.GGUFReader(gguf_path).fields
-  return {key: fields[key].contents() for key in _METADATA_KEYS if key in fields}
+  return gguf_file.read_metadata(gguf_path, _METADATA_KEYS)
 
 
 def _raise_exception(message: str):

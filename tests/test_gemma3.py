@@ -179,3 +179,13 @@ def test_chat_and_specials(tok, reference):
   rare = '\U0001D11E'  # musical G clef
   ids = tok.encode(rare)
   assert tok.decode(ids) == rare
+
+
+def test_metadata_reader_rejects_other_files(tmp_path):
+  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  bogus = tmp_path / 'x.gguf'
+  bogus.write_bytes(b'GGML' + bytes(40))
+  with pytest.raises(ValueError, match='not a GGUF v2/v3 file'):
+    tokenizer_lib.read_tokenizer_metadata(str(bogus))
+  with pytest.raises(FileNotFoundError, match='not found'):
+    tokenizer_lib.read_tokenizer_metadata(str(tmp_path / 'missing.gguf'))
