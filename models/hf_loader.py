@@ -1,9 +1,11 @@
 """Hugging Face Llama-family checkpoints (safetensors) in and out of `models.llama` params.
 
-Supported: `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM` and
-`Qwen2ForCausalLM` (Q/K/V biases). Hugging Face stores linear weights as `(out, in)`; ours are
-`(in, out)`, with Q/K/V kernels `[D, N, H]` and the output kernel `[N, H, D]`. Both use the
-`rotate_half` RoPE, so no row permutation is needed (unlike GGUF).
+Supported: `LlamaForCausalLM` (Llama 2/3, Llama 3.1/3.2 with `rope_type: llama3`, SmolLM,
+TinyLlama), `MistralForCausalLM`, `Qwen2ForCausalLM` (Q/K/V biases), `Qwen3ForCausalLM` (QK-norm)
+into `models.llama`, and `Gemma3ForCausalLM` (`gemma3_text`) into `models.gemma3`. Hugging Face
+stores linear weights as `(out, in)`; ours are `(in, out)`, with Q/K/V kernels `[D, N, H]` and the
+output kernel `[N, H, D]`. Both use the `rotate_half` RoPE, so no row permutation is needed
+(unlike GGUF). Gemma's RMSNorm weights `w` act as `1 + w`; we store the scale `1 + w`.
 
 Loading reads each tensor with `safetensors.safe_open(...).get_slice` inside
 `jax.make_array_from_callback`: every device asks for its own slice of the target sharding, and
@@ -22,10 +24,26 @@ import jax
 import numpy as np
 
 from jaxspec import sharding as sh
-from models.llama import LlamaConfig, init_params, logical_axes
+from models import gemma3, llama
+from models.gemma3 import Gemma3Config
+from models.llama import LlamaConfig
 
 ARCHITECTURES = {'LlamaForCausalLM': 'llama', 'MistralForCausalLM': 'mistral',
-                 'Qwen2ForCausalLM': 'qwen2'}
+                 'Qwen2ForCausalLM': 'qwen2', 'Qwen3ForCausalLM': 'qwen3',
+                 'Gemma3ForCausalLM': 'gemma3'}
+
+
+def _family(config):
+  """The model module (`models.llama` or `models.gemma3`) of a config."""
+  return gemma3 if isinstance(config, Gemma3Config) else llama
+
+
+def init_params(config, key):
+  return _family(config).init_params(config, key)
+
+
+def logical_axes(config):
+  return _family(config).logical_axes(config)
 
 
 def read_config(directory: str) -> dict:
@@ -39,22 +57,35 @@ def read_config(directory: str) -> dict:
     return json.load(f)
 
 
-def config_from_hf(hf: dict, dtype: str = 'float32') -> LlamaConfig:
-  """Maps a Hugging Face `config.json` dict to a LlamaConfig.
+def config_from_hf(hf: dict, dtype: str = 'float32') -> LlamaConfig | Gemma3Config:
+  """Maps a Hugging Face `config.json` dict to a LlamaConfig (or a Gemma3Config).
 
   Raises:
-    ValueError: an unsupported architecture or feature (RoPE scaling, biases on the output or
-      MLP projections, an activation other than SiLU).
+    ValueError: an unsupported architecture or feature (RoPE scaling other than `llama3`,
+      biases on the output or MLP projections, an activation other than SiLU).
   """
   archs = hf.get('architectures') or []
   arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
   if arch is None:
     raise ValueError(f'unsupported architecture {archs or hf.get("model_type")!r}; supported: '
                      f'{sorted(ARCHITECTURES)}')
+  if arch == 'gemma3':
+    return gemma3_config_from_hf(hf, dtype)
   rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
   rope_type = rope.get('rope_type', rope.get('type', 'default'))
-  if rope_type != 'default':
-    raise ValueError(f'RoPE scaling {rope_type!r} is not supported (only default RoPE)')
+  if rope_type not in ('default', 'llama3'):
+    raise ValueError(f'RoPE scaling {rope_type!r} is not supported (only default RoPE and '
+                     f'llama3)')
+  scaling = {}
+  if rope_type == 'llama3':
+    missing = [k for k in ('factor', 'low_freq_factor', 'high_freq_factor',
+                           'original_max_position_embeddings') if k not in rope]
+    if missing:
+      raise ValueError(f'RoPE scaling llama3 needs {missing} in rope_parameters/rope_scaling')
+    scaling = dict(rope_scaling_factor=float(rope['factor']),
+                   rope_low_freq_factor=float(rope['low_freq_factor']),
+                   rope_high_freq_factor=float(rope['high_freq_factor']),
+                   rope_original_context=int(rope['original_max_position_embeddings']))
   if hf.get('attention_bias') or hf.get('mlp_bias'):
     raise ValueError('attention_bias / mlp_bias (biases on every projection) are not supported; '
                      'only the Q/K/V biases of Qwen2')
@@ -73,7 +104,64 @@ def config_from_hf(hf: dict, dtype: str = 'float32') -> LlamaConfig:
       rope_theta=float(rope.get('rope_theta', hf.get('rope_theta', 10000.0))),
       norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
-      qkv_bias=arch == 'qwen2', dtype=dtype,
+      qkv_bias=arch == 'qwen2', qk_norm=arch == 'qwen3', dtype=dtype,
+      context_length=hf.get('max_position_embeddings'), **scaling)
+
+
+def _gemma3_rope(hf: dict) -> tuple[float, float, float]:
+  """(local theta, global theta, global linear factor) from either config layout:
+  transformers 5's `rope_parameters` per layer type, or 4.x's `rope_theta`,
+  `rope_local_base_freq` and `rope_scaling`."""
+  params = hf.get('rope_parameters') or {}
+  if 'full_attention' in params:
+    local, full = params.get('sliding_attention') or {}, params['full_attention']
+  else:
+    local = {'rope_theta': hf.get('rope_local_base_freq', 10000.0)}
+    full = dict(hf.get('rope_scaling') or {}, rope_theta=hf.get('rope_theta', 1e6))
+  kinds = (local.get('rope_type', local.get('type', 'default')),
+           full.get('rope_type', full.get('type', 'default')))
+  if kinds[0] != 'default' or kinds[1] not in ('default', 'linear'):
+    raise ValueError(f'Gemma 3 RoPE (local, global) = {kinds} is not supported; only default '
+                     'local and default or linear global RoPE')
+  factor = float(full.get('factor', 1.0)) if kinds[1] == 'linear' else 1.0
+  return float(local.get('rope_theta', 10000.0)), float(full.get('rope_theta', 1e6)), factor
+
+
+def gemma3_config_from_hf(hf: dict, dtype: str = 'float32') -> Gemma3Config:
+  """Maps a `Gemma3ForCausalLM` (`gemma3_text`) `config.json` dict to a Gemma3Config.
+
+  Raises:
+    ValueError: untied embeddings, biases, bidirectional attention, an activation other than
+      GELU-tanh, or `layer_types` that are not one global layer every k-th.
+  """
+  if hf.get('attention_bias') or hf.get('use_bidirectional_attention'):
+    raise ValueError('Gemma 3 with attention_bias or bidirectional attention is not supported')
+  if not hf.get('tie_word_embeddings', True):
+    raise ValueError('Gemma 3 with untied embeddings is not supported')
+  act = hf.get('hidden_activation') or hf.get('hidden_act') or 'gelu_pytorch_tanh'
+  if act != 'gelu_pytorch_tanh':
+    raise ValueError(f'activation {act!r} is not supported (gelu_pytorch_tanh only)')
+  n_layers = hf['num_hidden_layers']
+  every = int(hf.get('sliding_window_pattern') or hf.get('_sliding_window_pattern') or 6)
+  types = hf.get('layer_types')
+  if types:
+    every = types.index('full_attention') + 1 if 'full_attention' in types else n_layers + 1
+  expected = ['full_attention' if (i + 1) % every == 0 else 'sliding_attention'
+              for i in range(n_layers)]
+  if types and list(types) != expected:
+    raise ValueError(f'layer_types {types} are not one full_attention layer every {every}')
+  local, full, factor = _gemma3_rope(hf)
+  n = hf['num_attention_heads']
+  return Gemma3Config(
+      vocab_size=hf['vocab_size'], num_layers=n_layers, embed_dim=hf['hidden_size'],
+      mlp_dim=hf['intermediate_size'], num_heads=n, num_kv_heads=hf.get('num_key_value_heads') or n,
+      head_dim=hf.get('head_dim') or hf['hidden_size'] // n,
+      query_pre_attn_scalar=float(hf.get('query_pre_attn_scalar', 256)),
+      sliding_window=int(hf.get('sliding_window') or 4096), global_every=every,
+      rope_theta_local=local, rope_theta_global=full, rope_scale_global=factor,
+      norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
+      final_logit_softcap=hf.get('final_logit_softcapping'),
+      attn_logit_softcap=hf.get('attn_logit_softcapping'), dtype=dtype,
       context_length=hf.get('max_position_embeddings'))
 
 
@@ -92,8 +180,30 @@ def _tensor_files(directory: str) -> dict[str, str]:
     return {name: single for name in f.keys()}
 
 
-def _hf_names(config: LlamaConfig) -> dict[tuple[str, ...], tuple[str, str]]:
+def _gemma3_names(config: Gemma3Config) -> dict[tuple[str, ...], tuple[str, str]]:
+  """Our Gemma 3 param path -> (Hugging Face tensor name, layout); norms are `plus_one`."""
+  names = {('embed', 'embedding'): ('model.embed_tokens.weight', 'copy'),
+           ('final_norm', 'scale'): ('model.norm.weight', 'plus_one')}
+  norms = {'attn_norm': 'input_layernorm', 'post_attn_norm': 'post_attention_layernorm',
+           'mlp_norm': 'pre_feedforward_layernorm', 'post_mlp_norm': 'post_feedforward_layernorm'}
+  for i in range(config.num_layers):
+    ours, hf = f'layers_{i}', f'model.layers.{i}.'
+    for our_norm, hf_norm in norms.items():
+      names[(ours, our_norm, 'scale')] = (hf + f'{hf_norm}.weight', 'plus_one')
+    for p in 'qkv':
+      names[(ours, 'attn', p, 'kernel')] = (hf + f'self_attn.{p}_proj.weight', 'heads_in')
+    names[(ours, 'attn', 'o', 'kernel')] = (hf + 'self_attn.o_proj.weight', 'heads_out')
+    for p in 'qk':
+      names[(ours, 'attn', f'{p}_norm', 'scale')] = (hf + f'self_attn.{p}_norm.weight', 'plus_one')
+    for p in ('gate', 'up', 'down'):
+      names[(ours, 'mlp', p, 'kernel')] = (hf + f'mlp.{p}_proj.weight', 'T')
+  return names
+
+
+def _hf_names(config) -> dict[tuple[str, ...], tuple[str, str]]:
   """Our param path -> (Hugging Face tensor name, layout)."""
+  if isinstance(config, Gemma3Config):
+    return _gemma3_names(config)
   names = {('embed', 'embedding'): ('model.embed_tokens.weight', 'copy'),
            ('final_norm', 'scale'): ('model.norm.weight', 'copy')}
   if not config.tie_embeddings:
@@ -106,6 +216,9 @@ def _hf_names(config: LlamaConfig) -> dict[tuple[str, ...], tuple[str, str]]:
       names[(ours, 'attn', p, 'kernel')] = (hf + f'self_attn.{p}_proj.weight', 'heads_in')
       if config.qkv_bias:
         names[(ours, 'attn', p, 'bias')] = (hf + f'self_attn.{p}_proj.bias', 'heads')
+    if config.qk_norm:
+      for p in 'qk':
+        names[(ours, 'attn', f'{p}_norm', 'scale')] = (hf + f'self_attn.{p}_norm.weight', 'copy')
     names[(ours, 'attn', 'o', 'kernel')] = (hf + 'self_attn.o_proj.weight', 'heads_out')
     for p in ('gate', 'up', 'down'):
       names[(ours, 'mlp', p, 'kernel')] = (hf + f'mlp.{p}_proj.weight', 'T')
@@ -113,7 +226,7 @@ def _hf_names(config: LlamaConfig) -> dict[tuple[str, ...], tuple[str, str]]:
 
 
 def _hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-  if layout == 'copy':
+  if layout in ('copy', 'plus_one'):
     return shape
   if layout == 'T':
     return shape[::-1]
@@ -127,8 +240,9 @@ def _hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _read(tensor, layout: str, shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
   """Reads the slice `index` of our array from a safetensors slice `tensor` (their layout)."""
   r = [range(*s.indices(n)) for s, n in zip(index, shape)]
-  if layout == 'copy':
-    return tensor[tuple(slice(x.start, x.stop) for x in r)]
+  if layout in ('copy', 'plus_one'):
+    part = tensor[tuple(slice(x.start, x.stop) for x in r)]
+    return part.astype(np.float32) + 1 if layout == 'plus_one' else part
   if layout == 'T':
     return tensor[r[1].start:r[1].stop, r[0].start:r[0].stop].T
   h = shape[2] if layout == 'heads_in' else shape[1]  # head_dim
@@ -143,7 +257,7 @@ def _read(tensor, layout: str, shape: tuple[int, ...], index: tuple[slice, ...])
   return tensor[r[0].start * h:r[0].stop * h].reshape(len(r[0]), h)[:, r[1].start:r[1].stop]
 
 
-def abstract_params(config: LlamaConfig) -> Any:
+def abstract_params(config) -> Any:
   """`jax.ShapeDtypeStruct` pytree of `init_params(config)` (no memory allocated)."""
   return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
 
@@ -152,6 +266,8 @@ def _to_hf(x: np.ndarray, layout: str) -> np.ndarray:
   """Our array -> Hugging Face layout (the inverse of `_read` on the whole array)."""
   if layout == 'T':
     x = x.T
+  elif layout == 'plus_one':
+    x = x - 1
   elif layout == 'heads_in':
     x = x.transpose(1, 2, 0).reshape(-1, x.shape[0])
   elif layout == 'heads_out':
@@ -236,9 +352,14 @@ def save_hf(config: LlamaConfig, params: Any, directory: str, *,
   written (transformers ties it). Gathers each param to the host, one at a time.
 
   Raises:
-    ValueError: params do not match `config`.
+    ValueError: params do not match `config`, or a Gemma 3 / Qwen3 / RoPE-scaled config (not
+      written yet).
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  if (isinstance(config, Gemma3Config) or config.qk_norm
+      or config.rope_scaling_factor != 1.0):
+    raise ValueError('save_hf writes Llama and Qwen2 configs only (no Gemma 3, QK-norm or RoPE '
+                     'scaling)')
   abstract = abstract_params(config)
   if jax.tree.structure(abstract) != jax.tree.structure(params):
     raise ValueError('params do not match the config (different parameter tree)')

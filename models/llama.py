@@ -41,6 +41,12 @@ class LlamaConfig:
   qkv_bias: bool = False
   dtype: str = 'float32'  # weights, activations and KV cache
   context_length: int | None = None  # tokens the model was trained for; None = unchecked
+  # Llama 3.1/3.2 RoPE scaling (HF `rope_type: llama3`); rope_scaling_factor 1 = none.
+  rope_scaling_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_context: int = 8192
+  qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -80,10 +86,29 @@ class RMSNorm(nn.Module):
     return (y * scale).astype(self.dtype)
 
 
-def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding in the `rotate_half` layout of Hugging Face Llama."""
+def llama3_inv_freq(inv_freq, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_context: int):
+  """Llama 3.1's RoPE frequency scaling (HF `modeling_rope_utils._compute_llama3_parameters`):
+  wavelengths longer than `original_context / low_freq_factor` are slowed by `factor`, those
+  shorter than `original_context / high_freq_factor` kept, the band between interpolated."""
+  low_wavelen = original_context / low_freq_factor
+  high_wavelen = original_context / high_freq_factor
+  wavelen = 2 * jnp.pi / inv_freq
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+  smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float,
+         llama3_scaling: tuple[float, float, float, int] | None = None) -> jax.Array:
+  """Rotary embedding in the `rotate_half` layout of Hugging Face Llama. `llama3_scaling`:
+  (factor, low_freq_factor, high_freq_factor, original_context) for `llama3_inv_freq`."""
   h = x_BTNH.shape[-1]
   inv_freq = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
+  if llama3_scaling is not None:
+    inv_freq = llama3_inv_freq(inv_freq, *llama3_scaling)
   angles = positions_BT[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
   cos = jnp.cos(angles)[:, :, None, :]
   sin = jnp.sin(angles)[:, :, None, :]
@@ -117,8 +142,15 @@ class Attention(nn.Module):
     v = dense((c.num_kv_heads, c.head_dim), use_bias=c.qkv_bias, name='v',
               kernel_init=_init(nn.initializers.lecun_normal(), kv_axes),
               bias_init=_init(nn.initializers.zeros, ('kv_heads', 'head_dim')))(x_BTD)
-    q = rope(q, positions_BT, c.rope_theta)
-    k = rope(k, positions_BT, c.rope_theta)
+    if c.qk_norm:
+      q = RMSNorm(c.norm_eps, dt, name='q_norm')(q)
+      k = RMSNorm(c.norm_eps, dt, name='k_norm')(k)
+    scaling = None
+    if c.rope_scaling_factor != 1.0:
+      scaling = (c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+                 c.rope_original_context)
+    q = rope(q, positions_BT, c.rope_theta, scaling)
+    k = rope(k, positions_BT, c.rope_theta, scaling)
     start_B = positions_BT[:, 0]
     cache_k = _write_rows(layer_cache['k'], k, start_B)
     cache_v = _write_rows(layer_cache['v'], v, start_B)

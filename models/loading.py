@@ -9,8 +9,29 @@ from __future__ import annotations
 
 import os
 
-from models import gguf_loader
-from models.llama import LlamaForward, cache_logical_axes, logical_axes
+from models import gemma3, gguf_loader, llama
+
+
+def _family(config):
+  return gemma3 if isinstance(config, gemma3.Gemma3Config) else llama
+
+
+def forward_for(config, num_layers: int | None = None):
+  """The `jaxspec` model callable of a config: `LlamaForward` or `Gemma3Forward`
+  (`num_layers` < the layer count: the early-exit model of the same weights)."""
+  if isinstance(config, gemma3.Gemma3Config):
+    return gemma3.Gemma3Forward(config, num_layers=num_layers)
+  return llama.LlamaForward(config, num_layers=num_layers)
+
+
+def logical_axes(config):
+  """Logical axis names of the params of a Llama or Gemma 3 config."""
+  return _family(config).logical_axes(config)
+
+
+def cache_logical_axes(config):
+  """Logical axis names of the KV cache of a Llama or Gemma 3 config."""
+  return _family(config).cache_logical_axes(config)
 
 
 def load_model(path: str | None, dtype: str = 'float32', mesh=None):
@@ -22,7 +43,8 @@ def load_model(path: str | None, dtype: str = 'float32', mesh=None):
     dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
     mesh: optional `jax.sharding.Mesh`; params are placed with the project's sharding rules.
   Returns:
-    (config: LlamaConfig, params, gguf_path or None) - the GGUF path carries the tokenizer.
+    (config: LlamaConfig or Gemma3Config, params, gguf_path or None) - the GGUF path carries
+    the tokenizer; `forward_for(config)` is the model callable.
   Raises:
     FileNotFoundError: the path does not exist (or the default model is not installed).
     ValueError: the path is neither a GGUF file nor a known checkpoint directory.
@@ -73,13 +95,13 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
     if not 1 <= n < target_config.num_layers:
       raise ValueError(f'early-exit:{n} needs 1 <= N < {target_config.num_layers} (the '
                        'target\'s layer count)')
-    forward = sharded_forward(LlamaForward(target_config, num_layers=n), target_config, mesh)
+    forward = sharded_forward(forward_for(target_config, num_layers=n), target_config, mesh)
     return jaxspec.ModelDraft(forward, shares_target_cache=True), target_params
   trained = _load_trained_draft(spec, target_config, target_params, mesh)
   if trained is not None:
     return trained
   config, params, _ = load_model(spec, dtype, mesh)
-  return jaxspec.ModelDraft(sharded_forward(LlamaForward(config), config, mesh)), params
+  return jaxspec.ModelDraft(sharded_forward(forward_for(config), config, mesh)), params
 
 
 def sharded_forward(forward, config, mesh):

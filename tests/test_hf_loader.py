@@ -114,7 +114,10 @@ def test_errors(tmp_path):
   base = json.loads(open(os.path.join(FIXTURES, 'llama', 'config.json')).read())
   with pytest.raises(ValueError, match='unsupported architecture'):
     hf_loader.config_from_hf({**base, 'architectures': ['GPT2LMHeadModel']})
-  with pytest.raises(ValueError, match='RoPE scaling .llama3'):
+  with pytest.raises(ValueError, match="RoPE scaling 'dynamic' is not supported"):
+    hf_loader.config_from_hf({**base, 'rope_parameters': {'rope_type': 'dynamic',
+                                                          'rope_theta': 5e5, 'factor': 8.0}})
+  with pytest.raises(ValueError, match='llama3 needs .*low_freq_factor'):
     hf_loader.config_from_hf({**base, 'rope_parameters': {'rope_type': 'llama3',
                                                           'rope_theta': 5e5, 'factor': 8.0}})
   wrong = tmp_path / 'wrong'
