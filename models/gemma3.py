@@ -217,9 +217,9 @@ class Gemma3(nn.Module):
     return self.unembed(self.final_norm(x)), cache
 
 
-def init_cache(config: Gemma3Config, batch_size: int, max_len: int) -> Cache:
+def init_cache(config: Gemma3Config, batch_size: int, buffer_len: int) -> Cache:
   """Zeroed KV cache: a list of `num_layers` dicts of `[B, S, M, H]` arrays (config dtype)."""
-  shape = (batch_size, max_len, config.num_kv_heads, config.head_dim)
+  shape = (batch_size, buffer_len, config.num_kv_heads, config.head_dim)
   dt = jnp.dtype(config.dtype)
   return [{'k': jnp.zeros(shape, dt), 'v': jnp.zeros(shape, dt)}
           for _ in range(config.num_layers)]
@@ -266,5 +266,5 @@ class Gemma3Forward:
     return Gemma3(self.config).apply({'params': params}, tokens_BT, cache, start_B,
                                      method=Gemma3.with_features)
 
-  def init_cache(self, batch_size: int, max_len: int) -> Cache:
-    return init_cache(self.config, batch_size, max_len)
+  def init_cache(self, batch_size: int, buffer_len: int) -> Cache:
+    return init_cache(self.config, batch_size, buffer_len)

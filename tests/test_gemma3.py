@@ -139,7 +139,7 @@ def test_window_matters_on_real_weights(model, reference):
 def _decode(model, prompts, draft, k, new=24):
   config, params = model
   tokens, lengths = js.pad_prompts(prompts, pad_id=0)
-  out = js.generate(params, params, tokens, lengths, jax.random.key(0),
+  out = js.generate(params, params, tokens, lengths, np.zeros(len(lengths), np.int32),
                     target=Gemma3Forward(config), draft=draft,
                     config=js.DecodeConfig(num_draft_tokens=k, max_new_tokens=new,
                                            sampling=js.SamplingConfig(temperature=0), pad_id=0))

@@ -54,7 +54,8 @@ def test_logits_and_greedy_match_transformers(loaded, name):
                                jnp.zeros((1,), jnp.int32))
   np.testing.assert_allclose(np.asarray(logits), REF[f'{name}_logits'], rtol=0, atol=LOGITS_TOL)
   padded, lengths = js.pad_prompts([REF['tokens'].tolist()], bucket=64)
-  out = js.generate(params, None, padded, lengths, jax.random.key(0), target=forward, draft=None,
+  out = js.generate(params, None, padded, lengths, np.zeros(len(lengths), np.int32),
+                    target=forward, draft=None,
                     config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=12,
                                            sampling=js.SamplingConfig(temperature=0)))
   assert out.new_tokens()[0] == REF[f'{name}_greedy'].tolist()
@@ -122,7 +123,8 @@ def _worker():
   logits, _ = jax.jit(target)(params, tokens, target.init_cache(1, 40), jnp.zeros((1,), jnp.int32))
   err = float(np.abs(np.asarray(logits) - REF['gemma3_logits']).max())
   padded, lengths = js.pad_prompts([REF['tokens'].tolist()] * 2, bucket=64)
-  out = js.generate(params, None, padded, lengths, jax.random.key(0), target=target, draft=None,
+  out = js.generate(params, None, padded, lengths, np.zeros(len(lengths), np.int32),
+                    target=target, draft=None,
                     config=js.DecodeConfig(num_draft_tokens=0, max_new_tokens=12,
                                            sampling=js.SamplingConfig(temperature=0)))
   rows = out.new_tokens()
