@@ -12,12 +12,13 @@ from jaxspec.noise import RowNoise, row_keys
 from jaxspec.sampling import SamplingConfig, process_logits
 from jaxspec.verify import (Coupled, Exact, Greedy, Mixture, TypicalAcceptance, parse_verifier,
                             verify_exact, verify_greedy)
+from jaxspec.vocab import VocabMappedDraft
 
 __all__ = [
     'FINISH_REASONS', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'Draft',
     'DraftContext', 'Exact', 'FeatureDraft', 'FeatureModel', 'Greedy', 'Metrics', 'Mixture',
     'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal', 'RowNoise', 'SamplingConfig',
-    'Scored', 'TypicalAcceptance', 'Verifier', 'buffer_length', 'commit', 'compile_generate',
+    'Scored', 'TypicalAcceptance', 'Verifier', 'VocabMappedDraft', 'buffer_length', 'commit', 'compile_generate',
     'generate', 'generate_steps', 'init_state', 'noise', 'pad_prompts', 'parse_verifier',
     'process_logits', 'propose', 'row_keys', 'score', 'speculative_step', 'summarize',
     'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',

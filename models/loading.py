@@ -74,17 +74,22 @@ def _place(config, params, mesh):
   return sharding.shard_params(params, logical_axes(config), mesh)
 
 
-def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None):
+def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None,
+               target_tokenizer=None):
   """Builds a draft from a command-line spec.
 
   Args:
     spec: `ngram` (prompt lookup), `ngram:N` (longest n-gram N), `early-exit:N` (the target's
       first N layers with its final norm and head, sharing its weights and KV cache), or a path to
-      a draft checkpoint with the target's vocabulary.
+      a draft checkpoint. A checkpoint with another vocabulary is wrapped in
+      `jaxspec.vocab.VocabMappedDraft` (token-level intersection): from both tokenizers when the
+      draft is a GGUF file (`target_tokenizer` needed), or id for id when two checkpoints of one
+      family differ only in vocabulary size.
   Returns:
     (draft object for `jaxspec.generate`, draft params).
   Raises:
-    ValueError: malformed spec or N out of range. FileNotFoundError: missing checkpoint.
+    ValueError: malformed spec or N out of range, or another vocabulary without tokenizers to
+      pair it. FileNotFoundError: missing checkpoint.
   """
   import jaxspec  # pylint: disable=g-import-not-at-top
   if spec == 'ngram' or spec.startswith('ngram:'):
@@ -100,8 +105,41 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
   trained = _load_trained_draft(spec, target_config, target_params, mesh)
   if trained is not None:
     return trained
-  config, params, _ = load_model(spec, dtype, mesh)
-  return jaxspec.ModelDraft(sharded_forward(forward_for(config), config, mesh)), params
+  config, params, gguf_path = load_model(spec, dtype, mesh)
+  draft = jaxspec.ModelDraft(sharded_forward(forward_for(config), config, mesh))
+  tables = _vocab_tables(config, gguf_path, target_config, target_tokenizer)
+  if tables is None:
+    return draft, params
+  d2t, t2d, fallback_id = tables
+  return (jaxspec.VocabMappedDraft(draft, fallback_id=fallback_id),
+          {'draft': params, 'draft_to_target': d2t, 'target_to_draft': t2d})
+
+
+def _vocab_tables(config, gguf_path, target_config, target_tokenizer):
+  """(draft_to_target [V_d], target_to_draft [V_t] int32, fallback draft id), or None when the
+  draft shares the target's vocabulary."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from models import tokenizer as tok_lib, vocab_map  # pylint: disable=g-import-not-at-top
+  v_d, v_t = config.vocab_size, target_config.vocab_size
+  draft_tok = tok_lib.load_tokenizer(gguf_path) if gguf_path else None
+  if draft_tok is not None and target_tokenizer is not None:
+    if draft_tok.tokens == target_tokenizer.tokens and v_d == v_t:
+      return None
+    vm = vocab_map.build_vocab_map(draft_tok, target_tokenizer)
+    d2t, t2d = vm.draft_to_target, vm.target_to_draft
+    fallback = draft_tok.encode(' ')[0]
+  elif v_d == v_t:
+    return None
+  elif draft_tok is None:
+    # One family, padded vocabularies (e.g. 151936 vs 152064): the shared ids map to themselves.
+    n = min(v_d, v_t)
+    d2t, t2d, fallback = np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32), 0
+  else:
+    raise ValueError(f'the draft has {v_d} tokens and the target {v_t}: pairing other '
+                     'vocabularies needs both tokenizers (GGUF files)')
+  pad = lambda a, n: np.pad(a[:n], (0, max(0, n - len(a))), constant_values=-1).astype(np.int32)
+  d2t, t2d = pad(d2t, v_d), pad(t2d, v_t)
+  return np.where(d2t < v_t, d2t, -1), np.where(t2d < v_d, t2d, -1), int(fallback)
 
 
 def sharded_forward(forward, config, mesh):

@@ -96,6 +96,14 @@ class Tokenizer:
     """Number of token ids, special tokens included (SmolLM2: 49152)."""
     return self.backend.get_vocab_size(with_added_tokens=True)
 
+  @property
+  def chat_eos_id(self) -> int:
+    """The token that ends an assistant turn of the chat template: Gemma's `<end_of_turn>` where
+    the vocabulary has it (its `eos_id` ends a document, not a turn), else `eos_id`."""
+    if self.kind == 'sentencepiece' and '<end_of_turn>' in self.tokens:
+      return self.tokens.index('<end_of_turn>')
+    return self.eos_id
+
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`; no BOS/EOS added. Special-token strings in `text` map to their ids."""
     return self.backend.encode(text, add_special_tokens=False).ids

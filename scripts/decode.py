@@ -25,7 +25,6 @@ import numpy as np
 
 import jaxspec as js
 from models import loading
-from models.llama import LlamaForward
 from models.tokenizer import load_tokenizer
 
 
@@ -116,15 +115,22 @@ def main(argv=None):
   tok = load_tokenizer(args.tokenizer or gguf_path or loading.gguf_loader.default_model_path())
   if tok.vocab_size > config.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}')
-  draft, draft_params = loading.load_draft(args.draft, config, params, args.dtype, mesh)
+  draft, draft_params = loading.load_draft(args.draft, config, params, args.dtype, mesh,
+                                           tok if args.tokenizer or gguf_path else None)
+  if isinstance(draft, js.VocabMappedDraft):
+    shared = int((np.asarray(draft_params['target_to_draft']) >= 0).sum())
+    print(f'draft vocabulary differs: {shared} tokens in common (token-level intersection), '
+          f'{shared / config.vocab_size:.1%} of the target\'s, '
+          f'{shared / len(draft_params["draft_to_target"]):.1%} of the draft\'s', file=sys.stderr)
   ids = [tok.encode(p) if args.no_chat else tok.encode_chat(p) for p in prompts]
   tokens, lengths = js.pad_prompts(ids, pad_id=tok.pad_id, bucket=args.bucket)
   keys = js.row_keys(seeds)
-  target = loading.sharded_forward(LlamaForward(config), config, mesh)
+  target = loading.sharded_forward(loading.forward_for(config), config, mesh)
+  eos_id = tok.eos_id if args.no_chat else tok.chat_eos_id
 
   def compile_and_run(draft_obj, dparams, k):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                         sampling=sampling, verifier=verifier, eos_id=tok.eos_id,
+                         sampling=sampling, verifier=verifier, eos_id=eos_id,
                          pad_id=tok.pad_id, context_length=config.context_length)
     start = time.perf_counter()
     compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
