@@ -147,18 +147,18 @@ def measure_bandwidth(mb: int = 256, reps: int = 10) -> float:
   return 2 * nb / min(times)
 
 
-def forward_loop(model, batch, t, max_len, iters):
+def forward_loop(model, batch, t, buffer_len, iters):
   """A jitted `params -> tokens` running `iters` forwards of `t` new tokens at position
-  max_len - t - 1 (cache of max_len), each fed the previous one's argmax."""
+  buffer_len - t - 1 (cache of buffer_len), each fed the previous one's argmax."""
 
   @jax.jit
   def run(params):
     def body(_, carry):
       tokens, cache = carry
-      logits, cache = model(params, tokens, cache, jnp.full((batch,), max_len - t - 1, jnp.int32))
+      logits, cache = model(params, tokens, cache, jnp.full((batch,), buffer_len - t - 1, jnp.int32))
       nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
       return jnp.broadcast_to(nxt[:, None], (batch, t)), cache
-    carry = (jnp.zeros((batch, t), jnp.int32), model.init_cache(batch, max_len))
+    carry = (jnp.zeros((batch, t), jnp.int32), model.init_cache(batch, buffer_len))
     return jax.lax.fori_loop(0, iters, body, carry)[0]
 
   return run
@@ -188,7 +188,7 @@ def timed_together(jobs: dict, reps: int = 5) -> dict:
 def step_times(target, draft, tp, dp, prompts, lengths, args) -> dict:
   """Per-step ms of the forward passes, the plain step and one speculative round (interleaved)."""
   b, k, n = prompts.shape[0], args.k, args.iters
-  max_len = js.buffer_length(args.prompt_len, args.new_tokens, k)
+  buffer_len = js.buffer_length(args.prompt_len, args.new_tokens, k)
   greedy = js.SamplingConfig(temperature=0)
   plain = dict(target=target, draft=None, config=js.DecodeConfig(
       num_draft_tokens=0, max_new_tokens=args.new_tokens, sampling=greedy))
@@ -198,10 +198,10 @@ def step_times(target, draft, tp, dp, prompts, lengths, args) -> dict:
   state = lambda p, statics: init(tp, p, prompts, lengths, js.row_keys(np.arange(b)),
                                  **statics)
   jobs = {
-      'target_t1': (forward_loop(target, b, 1, max_len, n), (tp,)),
-      'target_tk1': (forward_loop(target, b, k + 1, max_len, n), (tp,)),
-      'draft_t1': (forward_loop(draft.forward, b, 1, max_len, n), (dp['model'],)),
-      'draft_t2': (forward_loop(draft.forward, b, 2, max_len, n), (dp['model'],)),
+      'target_t1': (forward_loop(target, b, 1, buffer_len, n), (tp,)),
+      'target_tk1': (forward_loop(target, b, k + 1, buffer_len, n), (tp,)),
+      'draft_t1': (forward_loop(draft.forward, b, 1, buffer_len, n), (dp['model'],)),
+      'draft_t2': (forward_loop(draft.forward, b, 2, buffer_len, n), (dp['model'],)),
       'plain_step': (round_loop(plain, n), (state(None, plain), tp, None)),
       'round': (round_loop(spec, n), (state(dp, spec), tp, dp)),
   }
@@ -244,9 +244,9 @@ def main(argv=None):
     draft_model = sharding.ShardedModel.wrap(draft_model, llama.cache_logical_axes(dc), mesh)
   tp = random_params(tc, jax.random.key(0), mesh)
   dp = random_params(dc, jax.random.key(1), mesh)
-  max_len = js.buffer_length(args.prompt_len, args.new_tokens, args.k)
+  buffer_len = js.buffer_length(args.prompt_len, args.new_tokens, args.k)
   bandwidth = measure_bandwidth() if args.bandwidth == 'measure' else float(args.bandwidth)
-  cache_bytes = nbytes(jax.eval_shape(lambda: llama.init_cache(tc, args.batch, max_len)))
+  cache_bytes = nbytes(jax.eval_shape(lambda: llama.init_cache(tc, args.batch, buffer_len)))
   r = {'args': vars(args), 'device': str(jax.devices()[0].device_kind),
        'num_devices': len(jax.devices()),
        'target_params': sum(int(x.size) for x in jax.tree.leaves(tp)),

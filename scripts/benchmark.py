@@ -20,6 +20,7 @@ cost) next to the measured one, with the K the formula picks. Writes `<out>/benc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -103,13 +104,13 @@ def _build_drafts(args, config, params):
   return drafts
 
 
-def _cache_bytes(draft, max_len):
+def _cache_bytes(draft, buffer_len):
   """Bytes of the KV cache a draft keeps besides the target's (0 for shared or no cache)."""
   own_cache = isinstance(draft, js.FeatureDraft) or (isinstance(draft, js.ModelDraft) and
                                                      not draft.shares_target_cache)
   if not own_cache:
     return 0
-  shapes = jax.eval_shape(lambda: draft.forward.init_cache(1, max_len))
+  shapes = jax.eval_shape(lambda: draft.forward.init_cache(1, buffer_len))
   return sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
 
 
@@ -146,7 +147,7 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
         acceptance_rate=sum(stats[i]['accepted_tokens'] for i in sel) / max(drafted, 1),
         mean_accepted_length=new / max(sum(stats[i]['target_forward_passes'] for i in sel), 1))
   hist = np.sum([np.asarray(s['accepted_length_histogram']) for s in stats], 0).tolist()
-  max_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, k)
+  buffer_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, k)
   return dict(
       temperature=temperature, k=k, wall_s=wall, compile_s=compile_s, **total,
       tokens_per_s=total['new_tokens'] / wall,
@@ -154,7 +155,7 @@ def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, 
       mean_accepted_length=total['new_tokens'] / max(total['target_forward_passes'], 1),
       accepted_length_histogram=hist, by_kind=by_kind,
       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      draft_extra_mb=(extra + _cache_bytes(draft, max_len)) / 2**20,
+      draft_extra_mb=(extra + _cache_bytes(draft, buffer_len)) / 2**20,
       outputs=outputs)
 
 
@@ -177,12 +178,12 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
   verification), and each draft's K-token proposal; caches donated and fed back."""
   tokens, lengths = prompts
   tok0, len0 = jnp.asarray(tokens[:1]), jnp.asarray(lengths[:1])
-  max_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, max(ks))
+  buffer_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, max(ks))
   pos = len0 + args.max_new_tokens // 2
   zero = jnp.zeros((1,), jnp.int32)
   out = {'verify_s': {}, 'draft_s': {}}
   prefill = jax.jit(lambda c, p: target(p, tok0, c, zero)[1], donate_argnums=0)
-  out['prefill_s'], cache = _timeit(prefill, target.init_cache(1, max_len), params, reps=3)
+  out['prefill_s'], cache = _timeit(prefill, target.init_cache(1, buffer_len), params, reps=3)
   step = jax.jit(lambda c, p: target(p, tok0[:, :1], c, pos - 1)[1], donate_argnums=0)
   out['target_step_s'], cache = _timeit(step, cache, params)
   for k in ks:
@@ -196,15 +197,15 @@ def time_round_parts(params, target, prompts, drafts, ks, args):
     vjit = jax.jit(verify, donate_argnums=0)
     out['verify_s'][k], (cache, _, _) = _timeit(lambda s, p: vjit(s[0], p), (cache, None, None),
                                                 params)
-  buffer = jnp.pad(tok0, ((0, 0), (0, max_len - tok0.shape[1])))
+  buffer = jnp.pad(tok0, ((0, 0), (0, buffer_len - tok0.shape[1])))
   keys = js.row_keys([0])
   for name, (draft, dparams, _) in drafts.items():
     out['draft_s'][name] = {}
     for k in ks:
       feats = None
       if draft.uses_target_features:  # its state holds a K+1 window of target features
-        _, _, feats = target.with_features(params, tok0, target.init_cache(1, max_len), zero)
-      state = draft.init(dparams, js.Prefill(tok0, len0, max_len, k, feats))
+        _, _, feats = target.with_features(params, tok0, target.init_cache(1, buffer_len), zero)
+      state = draft.init(dparams, js.Prefill(tok0, len0, buffer_len, k, feats))
       if draft.uses_target_features:
         state = {**state, 'start': pos - 2}
 
@@ -359,6 +360,10 @@ def _plots(results, args):
 
 def main():
   args = _parse()
+  plots = importlib.util.find_spec('matplotlib') is not None
+  if not plots:
+    print("matplotlib is not installed: the plots will be skipped (pip install -e '.[bench]' "
+          'to get them)', file=sys.stderr)
   os.makedirs(args.out, exist_ok=True)
   path = gguf_loader.default_model_path()
   config, params = gguf_loader.load_gguf(path)
@@ -427,8 +432,10 @@ def main():
     json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
                    parts={k: v for k, v in parts.items()}, theory=theory, peers=peers,
                    devices=[str(d) for d in jax.devices()]), f, indent=1, default=str)
-  _plots(results, args)
-  print(f'wrote {args.out}/benchmark.json, results.md, speedup_vs_k.png, accepted_length_hist.png')
+  if plots:
+    _plots(results, args)
+  print(f'wrote {args.out}/benchmark.json, results.md'
+        + (', speedup_vs_k.png, accepted_length_hist.png' if plots else ''))
 
 
 if __name__ == '__main__':
