@@ -114,3 +114,26 @@ def matmul(x: jax.Array, w_KN: jax.Array) -> jax.Array:
 def describe() -> str:
   """One line for logs and benchmarks: whether the kernel is on, and if not why."""
   return 'C++ small-row kernel' if available() else f'XLA dot ({UNAVAILABLE_REASON})'
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """Drop-in `jax.lax.dot_general` for Flax `Dense`/`DenseGeneral` (`dot_general=`): a
+  contraction of lhs's trailing axes with rhs's leading axes, without batch axes (every dense
+  projection), goes through `matmul` (kernel or XLA, see the module docstring); anything else,
+  or a `preferred_element_type` other than lhs's dtype, is `jax.lax.dot_general` unchanged."""
+  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+  n = len(lhs_c)
+  dense = (not lhs_b and not rhs_b and n >= 1
+           and tuple(lhs_c) == tuple(range(lhs.ndim - n, lhs.ndim))
+           and tuple(rhs_c) == tuple(range(n)) and rhs.ndim > n
+           and preferred_element_type in (None, lhs.dtype))
+  if dense:
+    k = 1
+    for d in lhs.shape[lhs.ndim - n:]:
+      k *= d
+    x = lhs.reshape(*lhs.shape[:lhs.ndim - n], k)
+    w = rhs.reshape(k, -1)
+    if uses_kernel(x, w):
+      return matmul(x, w).reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:])
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=preferred_element_type)
