@@ -33,7 +33,8 @@ setup(
     ext_modules=[
         Extension(
             'models._small_matmul',
-            sources=['models/csrc/small_matmul.cc', 'models/csrc/ffi_matmul.cc'],
+            sources=['models/csrc/small_matmul.cc', 'models/csrc/small_attention.cc',
+                     'models/csrc/ffi_handlers.cc'],
             include_dirs=['models/csrc'],
             language='c++',
             extra_compile_args=['-O3', '-std=c++17', '-w'],

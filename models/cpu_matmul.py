@@ -1,4 +1,4 @@
-"""Small-row float32 matmul on the CPU through a C++ kernel (`jax.ffi`), XLA's dot elsewhere.
+"""Small-row float32 matmuls on the CPU through C++ kernels (`jax.ffi`), XLA's dot elsewhere.
 
 XLA:CPU leaves its matrix-vector kernel as soon as a matmul has more than one row, and its GEMM
 packs (re-reads) the weights, so a forward pass of T = 2..16 tokens costs up to 3x one of T = 1
@@ -16,6 +16,11 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
 Each output is one fused multiply-add chain over k in order, whatever the row count, so the
 kernel's result for a row does not depend on the other rows (it differs from XLA's dot only by
 float round-off). Gradients use XLA matmuls (`jax.custom_vjp`).
+
+`attention_scores` and `attention_mix` are the two cache products of grouped-query attention
+(`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
+GEMMs (about 1 ms a layer at B=16, most of a batch-16 decode step); same selection rules, with T
+in place of the rows.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import jax.numpy as jnp
 
 MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
+# FFI target name -> exported handler symbol of the extension.
+_TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_attn_scores': 'JaxspecAttnScores',
+            'jaxspec_attn_mix': 'JaxspecAttnMix'}
 _DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -44,7 +52,8 @@ def _load() -> str | None:
     return f'no built extension models/_small_matmul*.so in {_DIR} (pip install -e . builds it)'
   try:
     lib = ctypes.CDLL(paths[0])
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxspecMatmulKN), platform='cpu')
+    for name, symbol in _TARGETS.items():
+      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform='cpu')
   except (OSError, AttributeError) as e:  # a broken build: fall back to XLA
     return f'{paths[0]} failed to load: {e}'
   return None
@@ -137,3 +146,70 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       return matmul(x, w).reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type)
+
+
+def _attention_ok(a, kv) -> bool:
+  return (available() and jax.device_count() == 1 and a.ndim == 5 and kv.ndim == 4
+          and a.dtype == jnp.float32 and kv.dtype == jnp.float32)
+
+
+def _ffi(target, shape, *args):
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32),
+                          vmap_method='sequential')(*args)
+
+
+_SCORES, _MIX = 'BTMGH,BSMH->BMGTS', 'BMGTS,BSMH->BTMGH'
+
+
+@jax.custom_vjp
+def _scores(q_BTMGH, k_BSMH):
+  b, t, m, g, _ = q_BTMGH.shape
+  kernel = lambda q, k: _ffi('jaxspec_attn_scores', (b, m, g, t, k.shape[1]), q, k)
+  xla = lambda q, k: jnp.einsum(_SCORES, q, k)
+  return jax.lax.platform_dependent(q_BTMGH, k_BSMH, cpu=kernel, default=xla)
+
+
+def _scores_bwd(res, g_BMGTS):
+  q, k = res
+  return jnp.einsum('BMGTS,BSMH->BTMGH', g_BMGTS, k), jnp.einsum('BMGTS,BTMGH->BSMH', g_BMGTS, q)
+
+
+_scores.defvjp(lambda q, k: (_scores(q, k), (q, k)), _scores_bwd)
+
+
+@jax.custom_vjp
+def _mix(p_BMGTS, v_BSMH):
+  b, m, g, t, _ = p_BMGTS.shape
+  kernel = lambda p, v: _ffi('jaxspec_attn_mix', (b, t, m, g, v.shape[-1]), p, v)
+  xla = lambda p, v: jnp.einsum(_MIX, p, v)
+  return jax.lax.platform_dependent(p_BMGTS, v_BSMH, cpu=kernel, default=xla)
+
+
+def _mix_bwd(res, g_BTMGH):
+  p, v = res
+  return jnp.einsum('BTMGH,BSMH->BMGTS', g_BTMGH, v), jnp.einsum('BTMGH,BMGTS->BSMH', g_BTMGH, p)
+
+
+_mix.defvjp(lambda p, v: (_mix(p, v), (p, v)), _mix_bwd)
+
+
+def attention_scores(q_BTMGH: jax.Array, k_BSMH: jax.Array) -> jax.Array:
+  """`einsum('BTMGH,BSMH->BMGTS')` (float32 result): the kernel on a 1-device CPU for float32
+  inputs with T <= MAX_ROWS, else XLA's einsum. Raises ValueError on mismatched shapes."""
+  if _attention_ok(q_BTMGH, k_BSMH) and q_BTMGH.shape[1] <= MAX_ROWS:
+    if (q_BTMGH.shape[0], q_BTMGH.shape[2], q_BTMGH.shape[4]) != (
+        k_BSMH.shape[0], k_BSMH.shape[2], k_BSMH.shape[3]):
+      raise ValueError(f'attention_scores: q {q_BTMGH.shape} does not match k {k_BSMH.shape}')
+    return _scores(q_BTMGH, k_BSMH)
+  return jnp.einsum(_SCORES, q_BTMGH, k_BSMH, preferred_element_type=jnp.float32)
+
+
+def attention_mix(p_BMGTS: jax.Array, v_BSMH: jax.Array) -> jax.Array:
+  """`einsum('BMGTS,BSMH->BTMGH')`: the kernel on a 1-device CPU for float32 inputs with
+  T <= MAX_ROWS, else XLA's einsum (result dtype of the inputs). Raises ValueError on
+  mismatched shapes."""
+  if _attention_ok(p_BMGTS, v_BSMH) and p_BMGTS.shape[3] <= MAX_ROWS:
+    if (p_BMGTS.shape[0], p_BMGTS.shape[4], p_BMGTS.shape[1]) != v_BSMH.shape[:3]:
+      raise ValueError(f'attention_mix: p {p_BMGTS.shape} does not match v {v_BSMH.shape}')
+    return _mix(p_BMGTS, v_BSMH)
+  return jnp.einsum(_MIX, p_BMGTS, v_BSMH)

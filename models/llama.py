@@ -11,7 +11,8 @@ H head dim, F MLP width, V vocabulary.
 
 The dense projections (q/k/v/o, MLP, untied head) run through `models.cpu_matmul.dot_general`:
 a C++ kernel that reads each weight once for all B*T rows on a single-device CPU, XLA's dot
-everywhere else (`LlamaConfig.cpu_kernel=False` forces XLA). The params are the same either way.
+everywhere else; the two attention products over the cache likewise (`cpu_matmul.attention_*`).
+`LlamaConfig.cpu_kernel=False` forces XLA. The params are the same either way.
 """
 
 from __future__ import annotations
@@ -113,6 +114,20 @@ def _dot_general(config: LlamaConfig):
   return cpu_matmul.dot_general if config.cpu_kernel else jax.lax.dot_general
 
 
+def _attention_scores(config: LlamaConfig):
+  """q [B,T,M,G,H], cache k [B,S,M,H] -> scores [B,M,G,T,S] float32 (CPU kernel or XLA)."""
+  if config.cpu_kernel:
+    return cpu_matmul.attention_scores
+  return lambda q, k: jnp.einsum('BTMGH,BSMH->BMGTS', q, k, preferred_element_type=jnp.float32)
+
+
+def _attention_mix(config: LlamaConfig):
+  """probs [B,M,G,T,S], cache v [B,S,M,H] -> [B,T,M,G,H] (CPU kernel or XLA)."""
+  if config.cpu_kernel:
+    return cpu_matmul.attention_mix
+  return lambda p, v: jnp.einsum('BMGTS,BSMH->BTMGH', p, v)
+
+
 class Attention(nn.Module):
   config: LlamaConfig
 
@@ -141,13 +156,12 @@ class Attention(nn.Module):
     b, t = x_BTD.shape[:2]
     g = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-    scores = jnp.einsum('BTMGH,BSMH->BMGTS', q, cache_k,
-                        preferred_element_type=jnp.float32) * c.head_dim ** -0.5
+    scores = _attention_scores(c)(q, cache_k) * c.head_dim ** -0.5
     key_pos = jnp.arange(cache_k.shape[1])
     visible_BTS = key_pos[None, None, :] <= positions_BT[:, :, None]
     scores = jnp.where(visible_BTS[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum('BMGTS,BSMH->BTMGH', probs, cache_v).reshape(b, t, c.num_heads, c.head_dim)
+    out = _attention_mix(c)(probs, cache_v).reshape(b, t, c.num_heads, c.head_dim)
     out = dense(c.embed_dim, axis=(-2, -1), use_bias=False, name='o',
                 kernel_init=_init(nn.initializers.lecun_normal(),
                                   ('heads', 'head_dim', 'embed')))(out)

@@ -110,3 +110,31 @@ def test_llama_forward_kernel_equals_xla(tie):
   np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(out[True][1]), jax.tree.leaves(out[False][1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('b, t, m, g, s, h', [(1, 1, 3, 3, 201, 64), (16, 1, 3, 3, 37, 64),
+                                              (2, 9, 1, 4, 50, 256), (3, 5, 2, 2, 17, 13),
+                                              (1, 16, 4, 1, 9, 8)])
+def test_attention_products_match_xla(b, t, m, g, s, h):
+  rng = np.random.default_rng(b * 100 + t)
+  q = rng.standard_normal((b, t, m, g, h), np.float32)
+  k = rng.standard_normal((b, s, m, h), np.float32)
+  p = rng.random((b, m, g, t, s), np.float32)
+  scores = np.asarray(jax.jit(cpu_matmul.attention_scores)(q, k))
+  mixed = np.asarray(jax.jit(cpu_matmul.attention_mix)(p, k))
+  exact_scores = np.einsum('BTMGH,BSMH->BMGTS', q.astype(np.float64), k)
+  exact_mixed = np.einsum('BMGTS,BSMH->BTMGH', p.astype(np.float64), k)
+  gamma = lambda n: n * EPS / (1 - n * EPS)
+  assert scores.shape == exact_scores.shape and mixed.shape == exact_mixed.shape
+  assert np.all(np.abs(scores - exact_scores) <= gamma(h) * np.einsum(
+      'BTMGH,BSMH->BMGTS', np.abs(q).astype(np.float64), np.abs(k)))
+  assert np.all(np.abs(mixed - exact_mixed) <= gamma(s) * np.einsum(
+      'BMGTS,BSMH->BTMGH', p.astype(np.float64), np.abs(k)))
+  lowered = jax.jit(cpu_matmul.attention_scores).lower(q, k).as_text()
+  assert 'jaxspec_attn_scores' in lowered
+  cotangent = rng.standard_normal(scores.shape, np.float32)  # linear loss: no round-off gain
+  grads = [jax.grad(lambda q, k: jnp.sum(fn(q, k) * cotangent), argnums=(0, 1))(q, k)
+           for fn in (cpu_matmul.attention_scores,
+                      lambda q, k: jnp.einsum('BTMGH,BSMH->BMGTS', q, k))]
+  for a, b_ in zip(*grads):
+    np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-5)
