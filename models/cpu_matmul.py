@@ -10,12 +10,13 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
   contain the custom call), and there is a single device (a custom call is opaque to the SPMD
   partitioner, so meshes - and the fake multi-device CPUs of the sharding tests - use XLA);
 - the extension was built and loads, and `JAXSPEC_CPU_MATMUL` is not `0` (read at import);
-- x and w are float32, w is 2-D `[K, N]` and x has at most `MAX_ROWS` rows (product of its
-  leading dimensions; prefill of long prompts stays on XLA's GEMM, which is good at many rows).
+- x and w are float32, w is 2-D `[K, N]` and x has `MIN_ROWS` (2) to `MAX_ROWS` rows (product of
+  its leading dimensions): one row is XLA's matrix-vector kernel, faster here, and prefill of
+  long prompts stays on XLA's GEMM, which is good at many rows.
 
 Each output is one fused multiply-add chain over k in order, whatever the row count, so the
 kernel's result for a row does not depend on the other rows (it differs from XLA's dot only by
-float round-off). Gradients use XLA matmuls (`jax.custom_vjp`).
+float round-off; `kernel_matmul` gives the same bits for 1 row as well). Gradients use XLA matmuls (`jax.custom_vjp`).
 
 `attention_scores` and `attention_mix` are the two cache products of grouped-query attention
 (`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
@@ -34,6 +35,9 @@ import os
 import jax
 import jax.numpy as jnp
 
+# One row stays on XLA: its matrix-vector kernel streams the weights faster here (~13 vs ~19 ms
+# for SmolLM2's MLP weights, docs/cpu_verify.md); from two rows on, XLA's GEMM re-reads them.
+MIN_ROWS = 2
 MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
 # FFI target name -> exported handler symbol of the extension.
@@ -85,7 +89,7 @@ def uses_kernel(x: jax.Array, w: jax.Array) -> bool:
   for d in x.shape[:-1]:
     rows *= d
   return (available() and jax.device_count() == 1 and w.ndim == 2 and x.ndim >= 1
-          and x.dtype == jnp.float32 and w.dtype == jnp.float32 and 1 <= rows <= MAX_ROWS
+          and x.dtype == jnp.float32 and w.dtype == jnp.float32 and MIN_ROWS <= rows <= MAX_ROWS
           and x.shape[-1] == w.shape[0] and w.shape[1] >= 1)
 
 

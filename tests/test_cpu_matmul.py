@@ -68,6 +68,7 @@ def test_rows_do_not_change_each_others_results():
 def test_matmul_takes_the_kernel_only_where_it_applies():
   x, w = _data(3, 8, 5)
   assert cpu_matmul.uses_kernel(jnp.asarray(x), jnp.asarray(w))
+  assert not cpu_matmul.uses_kernel(jnp.asarray(x[:1]), jnp.asarray(w))  # 1 row: XLA's GEMV
   assert cpu_matmul.uses_kernel(jnp.zeros((2, 3, 8)), jnp.asarray(w))  # leading dims flatten
   assert not cpu_matmul.uses_kernel(jnp.zeros((cpu_matmul.MAX_ROWS + 1, 8)), jnp.asarray(w))
   assert not cpu_matmul.uses_kernel(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16))
