@@ -9,7 +9,7 @@ position are never read, so rolling a rejected draft back is just moving the row
 Shape letters: B batch, T new tokens, S cache length, D width, N heads, M kv heads, G = N // M,
 H head dim, F MLP width, V vocabulary.
 
-The dense projections (q/k/v/o, MLP, untied head) run through `models.cpu_matmul.dot_general`:
+The dense projections (q/k/v/o, MLP, untied head; the tied head through `matmul_nt`) run through `models.cpu_matmul.dot_general`:
 a C++ kernel that reads each weight once for all B*T rows on a single-device CPU, XLA's dot
 everywhere else; the two attention products over the cache likewise (`cpu_matmul.attention_*`).
 `LlamaConfig.cpu_kernel=False` forces XLA. The params are the same either way.
@@ -237,9 +237,12 @@ class Llama(nn.Module):
   def unembed(self, features_BTD):
     """Output head on final-normed features [B,T,D] -> logits [B,T,V] float32."""
     if self.config.tie_embeddings:
-      # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for T > 1
-      # than `x @ embedding.T`.
-      logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, features_BTD).transpose(1, 2, 0)
+      if self.config.cpu_kernel:  # the CPU kernel, or the einsum below elsewhere
+        logits = cpu_matmul.matmul_nt(features_BTD, self.embed.embedding)
+      else:
+        # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for
+        # T > 1 than `x @ embedding.T`.
+        logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, features_BTD).transpose(1, 2, 0)
     else:
       logits = self.lm_head(features_BTD)
     return logits.astype(jnp.float32)

@@ -55,6 +55,24 @@ def test_kernel_matches_float64_and_xla(rows, k, n):
   assert np.all(np.abs(ours - xla) <= 2 * bound)
 
 
+@pytest.mark.parametrize('rows, k, n', SHAPES)
+def test_transposed_kernel_matches_float64_and_xla(rows, k, n):
+  """`matmul_nt(x, w_NK)` = x @ w_NK.T, the tied-head layout; its error bound is the same."""
+  x, w = _data(rows, k, n, seed=rows * 1000 + k + 1)
+  w_nk = np.ascontiguousarray(w.T)
+  ours = np.asarray(jax.jit(cpu_matmul.matmul_nt)(x, w_nk))
+  assert cpu_matmul.uses_kernel(jnp.asarray(x), jnp.asarray(w)) == (rows >= cpu_matmul.MIN_ROWS)
+  exact = x.astype(np.float64) @ w.astype(np.float64)
+  assert ours.shape == (rows, n)
+  assert np.all(np.abs(ours - exact) <= _bound(x, w))
+  lead = np.asarray(cpu_matmul.matmul_nt(x.reshape(1, rows, k), w_nk))
+  np.testing.assert_array_equal(lead[0], ours)
+  cot = np.ones((rows, n), np.float32)
+  gx, gw = jax.grad(lambda x, w: jnp.sum(cpu_matmul.matmul_nt(x, w) * cot), argnums=(0, 1))(x, w_nk)
+  np.testing.assert_allclose(gx, cot @ w_nk.astype(np.float64), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(gw, cot.T @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
 def test_rows_do_not_change_each_others_results():
   """A row's output is bit-identical whether it is computed alone or among 1..16 rows (each
   output is the same fma chain over k whatever R is): what a window-invariant verify needs."""

@@ -1,5 +1,6 @@
 // XLA FFI handlers of the CPU kernels, float32, row-major:
 //   JaxspecMatmulKN:  y[R, N] = x[R, K] @ w[K, N]                      (small_matmul.h)
+//   JaxspecMatmulNK:  y[R, N] = x[R, K] @ w[N, K].T
 //   JaxspecAttnScores: scores[B,M,G,T,S] from q[B,T,M,G,H], k[B,S,M,H] (small_attention.h)
 //   JaxspecAttnMix:    mixed[B,T,M,G,H] from p[B,M,G,T,S], v[B,S,M,H]
 //
@@ -87,6 +88,27 @@ ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
+ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  const auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || yd.size() != 2 || yd[0] != xd[0] ||
+      yd[1] != wd[0])
+    return ffi::Error::InvalidArgument("jaxspec_matmul_nk: expected x[R, K], w[N, K], y[R, N]");
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t rows = xd[0], k = xd[1], n = wd[0], groups = n / 4;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(groups, 4));
+  ParallelFor(pool, parts, groups >= 2, [=](int64_t p) {
+    const int64_t c0 = p * groups / parts * 4;
+    const int64_t c1 = p + 1 == parts ? n : (p + 1) * groups / parts * 4;
+    MatmulNK(xp, wp, yp, rows, k, n, c0, c1);
+  });
+  return ffi::Error::Success();
+}
+
 // Parses q-or-p [.., .., .., .., ..] and k-or-v [B, S, M, H] into dims; checks the output.
 std::optional<AttentionDims> Dims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> kv,
                                   ffi::Span<const int64_t> out, bool scores) {
@@ -142,5 +164,6 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buf
       .Ret<ffi::Buffer<ffi::F32>>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl, JAXSPEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttnScores, jaxspec::AttentionImpl<true>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttnMix, jaxspec::AttentionImpl<false>, JAXSPEC_BINDING);

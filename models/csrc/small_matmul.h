@@ -15,6 +15,12 @@ namespace jaxspec {
 void MatmulKN(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
               int64_t n_begin, int64_t n_end);
 
+// Columns [n_begin, n_end) of y = x @ w.T; x [rows, k], w [n, k] (out, in layout, e.g. a tied
+// embedding), y [rows, n]. Rows of w stream from memory in order, 4 at a time, each read once for
+// all rows of x; each output is 8 lane-wise fma chains over k summed in a fixed order.
+void MatmulNK(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
+              int64_t n_begin, int64_t n_end);
+
 // Columns are handed to threads in multiples of this many (one register tile's width).
 constexpr int64_t kStrip = 32;
 
