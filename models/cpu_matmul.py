@@ -16,7 +16,9 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
 
 Each output is one fused multiply-add chain over k in order, whatever the row count, so the
 kernel's result for a row does not depend on the other rows (it differs from XLA's dot only by
-float round-off; `kernel_matmul` gives the same bits for 1 row as well). Gradients use XLA matmuls (`jax.custom_vjp`).
+float round-off; `kernel_matmul` gives the same bits for 1 row as well). Gradients use XLA
+matmuls (`jax.custom_vjp`). `matmul_nt` is the same for weights stored (out, in), such as a tied
+embedding.
 
 `attention_scores` and `attention_mix` are the two cache products of grouped-query attention
 (`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small

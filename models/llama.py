@@ -9,9 +9,10 @@ position are never read, so rolling a rejected draft back is just moving the row
 Shape letters: B batch, T new tokens, S cache length, D width, N heads, M kv heads, G = N // M,
 H head dim, F MLP width, V vocabulary.
 
-The dense projections (q/k/v/o, MLP, untied head; the tied head through `matmul_nt`) run through `models.cpu_matmul.dot_general`:
+The dense projections (q/k/v/o, MLP, untied head) run through `models.cpu_matmul.dot_general`:
 a C++ kernel that reads each weight once for all B*T rows on a single-device CPU, XLA's dot
-everywhere else; the two attention products over the cache likewise (`cpu_matmul.attention_*`).
+everywhere else; the tied head (`cpu_matmul.matmul_nt`) and the two attention products over the
+cache (`cpu_matmul.attention_*`) likewise.
 `LlamaConfig.cpu_kernel=False` forces XLA. The params are the same either way.
 """
 
