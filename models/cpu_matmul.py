@@ -29,7 +29,6 @@ in place of the rows.
 from __future__ import annotations
 
 import ctypes
-import functools
 import glob
 import importlib.machinery
 import os
@@ -69,6 +68,12 @@ def _load() -> str | None:
 UNAVAILABLE_REASON = _load()
 
 
+def _ffi(target, shape, *args):
+  """A float32 custom call of the extension (vmap: one call per batch element)."""
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32),
+                          vmap_method='sequential')(*args)
+
+
 def available() -> bool:
   """Whether the C++ kernel is built, loaded and enabled (it is then used on a 1-device CPU)."""
   return UNAVAILABLE_REASON is None
@@ -82,8 +87,7 @@ def kernel_matmul(x_RK: jax.Array, w_KN: jax.Array) -> jax.Array:
   """
   if not available():
     raise RuntimeError(f'CPU matmul kernel unavailable: {UNAVAILABLE_REASON}')
-  out = jax.ShapeDtypeStruct((x_RK.shape[0], w_KN.shape[1]), jnp.float32)
-  return jax.ffi.ffi_call(TARGET, out, vmap_method='sequential')(x_RK, w_KN)
+  return _ffi(TARGET, (x_RK.shape[0], w_KN.shape[1]), x_RK, w_KN)
 
 
 def uses_kernel(x: jax.Array, w: jax.Array) -> bool:
@@ -126,7 +130,6 @@ def matmul(x: jax.Array, w_KN: jax.Array) -> jax.Array:
   return y.reshape(*lead, w_KN.shape[1])
 
 
-@functools.cache
 def describe() -> str:
   """One line for logs and benchmarks: whether the kernel is on, and if not why."""
   return 'C++ small-row kernel' if available() else f'XLA dot ({UNAVAILABLE_REASON})'
@@ -183,11 +186,6 @@ def matmul_nt(x: jax.Array, w_NK: jax.Array) -> jax.Array:
 def _attention_ok(a, kv) -> bool:
   return (available() and jax.device_count() == 1 and a.ndim == 5 and kv.ndim == 4
           and a.dtype == jnp.float32 and kv.dtype == jnp.float32)
-
-
-def _ffi(target, shape, *args):
-  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32),
-                          vmap_method='sequential')(*args)
 
 
 _SCORES, _MIX = 'BTMGH,BSMH->BMGTS', 'BMGTS,BSMH->BTMGH'
