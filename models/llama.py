@@ -6,8 +6,14 @@ One forward serves prefill, one-token decode and (K+1)-token verification: it ta
 and attends causally to everything at or before each query's position. Entries past a row's
 position are never read, so rolling a rejected draft back is just moving the row's length.
 
-Shape letters: B batch, T new tokens, S cache length, D width, N heads, K kv heads, G = N // K,
+Shape letters: B batch, T new tokens, S cache length, D width, N heads, M kv heads, G = N // M,
 H head dim, F MLP width, V vocabulary.
+
+The dense projections (q/k/v/o, MLP, untied head) run through `models.cpu_matmul.dot_general`:
+a C++ kernel that reads each weight once for all B*T rows on a single-device CPU, XLA's dot
+everywhere else; the tied head (`cpu_matmul.matmul_nt`) and the two attention products over the
+cache (`cpu_matmul.attention_*`) likewise.
+`LlamaConfig.cpu_kernel=False` forces XLA. The params are the same either way.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models import cpu_matmul
+
 Params = Any
-Cache = list  # list over layers of {'k': [B,S,K,H], 'v': [B,S,K,H]}
+Cache = list  # list over layers of {'k': [B,S,M,H], 'v': [B,S,M,H]}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +55,9 @@ class LlamaConfig:
   rope_high_freq_factor: float = 4.0
   rope_original_context: int = 8192
   qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+  # Dense projections through the C++ small-row kernel where it applies (models/cpu_matmul.py);
+  # False: XLA's dot everywhere. Same params and results up to float round-off.
+  cpu_kernel: bool = True
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -118,10 +129,29 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float,
   return out.astype(x_BTNH.dtype)
 
 
-def _write_rows(cache_BSKH, new_BTKH, start_B):
+def _write_rows(cache_BSMH, new_BTMH, start_B):
   """Writes each row's new entries at its own start position (fixed shapes, in place)."""
   return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice_in_dim(c, u, s, axis=0))(
-      cache_BSKH, new_BTKH.astype(cache_BSKH.dtype), start_B)
+      cache_BSMH, new_BTMH.astype(cache_BSMH.dtype), start_B)
+
+
+def _dot_general(config: LlamaConfig):
+  """The `dot_general` of every dense projection: the CPU kernel's or plain XLA's."""
+  return cpu_matmul.dot_general if config.cpu_kernel else jax.lax.dot_general
+
+
+def _attention_scores(config: LlamaConfig):
+  """q [B,T,M,G,H], cache k [B,S,M,H] -> scores [B,M,G,T,S] float32 (CPU kernel or XLA)."""
+  if config.cpu_kernel:
+    return cpu_matmul.attention_scores
+  return lambda q, k: jnp.einsum('BTMGH,BSMH->BMGTS', q, k, preferred_element_type=jnp.float32)
+
+
+def _attention_mix(config: LlamaConfig):
+  """probs [B,M,G,T,S], cache v [B,S,M,H] -> [B,T,M,G,H] (CPU kernel or XLA)."""
+  if config.cpu_kernel:
+    return cpu_matmul.attention_mix
+  return lambda p, v: jnp.einsum('BMGTS,BSMH->BTMGH', p, v)
 
 
 class Attention(nn.Module):
@@ -131,7 +161,8 @@ class Attention(nn.Module):
   def __call__(self, x_BTD, layer_cache, positions_BT):
     c = self.config
     dt = jnp.dtype(c.dtype)
-    dense = functools.partial(nn.DenseGeneral, dtype=dt, param_dtype=dt)
+    dense = functools.partial(nn.DenseGeneral, dtype=dt, param_dtype=dt,
+                              dot_general=_dot_general(c))
     q = dense((c.num_heads, c.head_dim), use_bias=c.qkv_bias, name='q',
               kernel_init=_init(nn.initializers.lecun_normal(), ('embed', 'heads', 'head_dim')),
               bias_init=_init(nn.initializers.zeros, ('heads', 'head_dim')))(x_BTD)
@@ -158,13 +189,12 @@ class Attention(nn.Module):
     b, t = x_BTD.shape[:2]
     g = c.num_heads // c.num_kv_heads
     q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-    scores = jnp.einsum('BTKGH,BSKH->BKGTS', q, cache_k,
-                        preferred_element_type=jnp.float32) * c.head_dim ** -0.5
+    scores = _attention_scores(c)(q, cache_k) * c.head_dim ** -0.5
     key_pos = jnp.arange(cache_k.shape[1])
     visible_BTS = key_pos[None, None, :] <= positions_BT[:, :, None]
     scores = jnp.where(visible_BTS[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum('BKGTS,BSKH->BTKGH', probs, cache_v).reshape(b, t, c.num_heads, c.head_dim)
+    out = _attention_mix(c)(probs, cache_v).reshape(b, t, c.num_heads, c.head_dim)
     out = dense(c.embed_dim, axis=(-2, -1), use_bias=False, name='o',
                 kernel_init=_init(nn.initializers.lecun_normal(),
                                   ('heads', 'head_dim', 'embed')))(out)
@@ -178,7 +208,8 @@ class MLP(nn.Module):
   def __call__(self, x_BTD):
     c = self.config
     dt = jnp.dtype(c.dtype)
-    dense = functools.partial(nn.Dense, use_bias=False, dtype=dt, param_dtype=dt)
+    dense = functools.partial(nn.Dense, use_bias=False, dtype=dt, param_dtype=dt,
+                              dot_general=_dot_general(c))
     up_init = _init(nn.initializers.lecun_normal(), ('embed', 'mlp'))
     gate = dense(c.mlp_dim, name='gate', kernel_init=up_init)(x_BTD)
     up = dense(c.mlp_dim, name='up', kernel_init=up_init)(x_BTD)
@@ -218,6 +249,7 @@ class Llama(nn.Module):
     self.final_norm = RMSNorm(c.norm_eps, dt)
     if not c.tie_embeddings:
       self.lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=dt, param_dtype=dt,
+                              dot_general=_dot_general(c),
                               kernel_init=_init(nn.initializers.lecun_normal(),
                                                 ('embed', 'vocab')))
 
@@ -238,9 +270,12 @@ class Llama(nn.Module):
   def unembed(self, features_BTD):
     """Output head on final-normed features [B,T,D] -> logits [B,T,V] float32."""
     if self.config.tie_embeddings:
-      # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for T > 1
-      # than `x @ embedding.T`.
-      logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, features_BTD).transpose(1, 2, 0)
+      if self.config.cpu_kernel:  # the CPU kernel, or the einsum below elsewhere
+        logits = cpu_matmul.matmul_nt(features_BTD, self.embed.embedding)
+      else:
+        # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for
+        # T > 1 than `x @ embedding.T`.
+        logits = jnp.einsum('VD,BTD->VBT', self.embed.embedding, features_BTD).transpose(1, 2, 0)
     else:
       logits = self.lm_head(features_BTD)
     return logits.astype(jnp.float32)

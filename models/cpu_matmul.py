@@ -1,0 +1,245 @@
+"""Small-row float32 matmuls on the CPU through C++ kernels (`jax.ffi`), XLA's dot elsewhere.
+
+XLA:CPU leaves its matrix-vector kernel as soon as a matmul has more than one row, and its GEMM
+packs (re-reads) the weights, so a forward pass of T = 2..16 tokens costs up to 3x one of T = 1
+although both read the same weights once. `matmul(x, w)` computes `x @ w` with the kernel in
+`models/csrc/` (built by `pip install` as `models/_small_matmul*.so`), which reads each weight
+once for all rows on both cores, when all of these hold; otherwise it is exactly `x @ w` in XLA:
+
+- the backend is the CPU (chosen with `jax.lax.platform_dependent`, so GPU/TPU lowerings never
+  contain the custom call), and there is a single device (a custom call is opaque to the SPMD
+  partitioner, so meshes - and the fake multi-device CPUs of the sharding tests - use XLA);
+- the extension was built and loads, and `JAXSPEC_CPU_MATMUL` is not `0` (read at import);
+- x and w are float32, w is 2-D `[K, N]` and x has `MIN_ROWS` (2) to `MAX_ROWS` rows (product of
+  its leading dimensions): one row is XLA's matrix-vector kernel, faster here, and prefill of
+  long prompts stays on XLA's GEMM, which is good at many rows.
+
+Each output is one fused multiply-add chain over k in order, whatever the row count, so the
+kernel's result for a row does not depend on the other rows (it differs from XLA's dot only by
+float round-off; `kernel_matmul` gives the same bits for 1 row as well). Gradients use XLA
+matmuls (`jax.custom_vjp`). `matmul_nt` is the same for weights stored (out, in), such as a tied
+embedding.
+
+`attention_scores` and `attention_mix` are the two cache products of grouped-query attention
+(`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
+GEMMs (about 1 ms a layer at B=16, most of a batch-16 decode step); same selection rules, with T
+in place of the rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.machinery
+import os
+
+import jax
+import jax.numpy as jnp
+
+# One row stays on XLA: its matrix-vector kernel streams the weights faster here (~13 vs ~19 ms
+# for SmolLM2's MLP weights, docs/cpu_verify.md); from two rows on, XLA's GEMM re-reads them.
+MIN_ROWS = 2
+MAX_ROWS = 64
+TARGET = 'jaxspec_matmul_kn'
+# FFI target name -> exported handler symbol of the extension.
+_TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',
+            'jaxspec_attn_scores': 'JaxspecAttnScores',
+            'jaxspec_attn_mix': 'JaxspecAttnMix'}
+_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load() -> str | None:
+  """Loads and registers the kernel; returns None on success, else why it is unavailable."""
+  if os.environ.get('JAXSPEC_CPU_MATMUL', '1') == '0':
+    return 'disabled by JAXSPEC_CPU_MATMUL=0'
+  paths = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES
+           for p in glob.glob(os.path.join(_DIR, '_small_matmul' + suffix))]
+  if not paths:
+    return f'no built extension models/_small_matmul*.so in {_DIR} (pip install -e . builds it)'
+  try:
+    lib = ctypes.CDLL(paths[0])
+    for name, symbol in _TARGETS.items():
+      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform='cpu')
+  except (OSError, AttributeError) as e:  # a broken build: fall back to XLA
+    return f'{paths[0]} failed to load: {e}'
+  return None
+
+
+UNAVAILABLE_REASON = _load()
+
+
+def _ffi(target, shape, *args):
+  """A float32 custom call of the extension (vmap: one call per batch element)."""
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32),
+                          vmap_method='sequential')(*args)
+
+
+def available() -> bool:
+  """Whether the C++ kernel is built, loaded and enabled (it is then used on a 1-device CPU)."""
+  return UNAVAILABLE_REASON is None
+
+
+def kernel_matmul(x_RK: jax.Array, w_KN: jax.Array) -> jax.Array:
+  """The raw kernel, CPU only: float32 `x [R, K] @ w [K, N] -> [R, N]`.
+
+  Raises:
+    RuntimeError: the kernel is unavailable (see `UNAVAILABLE_REASON`).
+  """
+  if not available():
+    raise RuntimeError(f'CPU matmul kernel unavailable: {UNAVAILABLE_REASON}')
+  return _ffi(TARGET, (x_RK.shape[0], w_KN.shape[1]), x_RK, w_KN)
+
+
+def uses_kernel(x: jax.Array, w: jax.Array) -> bool:
+  """Whether `matmul(x, w)` takes the kernel on a CPU (decided from shapes, dtypes, devices)."""
+  rows = 1
+  for d in x.shape[:-1]:
+    rows *= d
+  return (available() and jax.device_count() == 1 and w.ndim == 2 and x.ndim >= 1
+          and x.dtype == jnp.float32 and w.dtype == jnp.float32 and MIN_ROWS <= rows <= MAX_ROWS
+          and x.shape[-1] == w.shape[0] and w.shape[1] >= 1)
+
+
+@jax.custom_vjp
+def _small_rows(x_RK, w_KN):
+  return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel_matmul, default=jnp.matmul)
+
+
+def _small_rows_fwd(x_RK, w_KN):
+  return _small_rows(x_RK, w_KN), (x_RK, w_KN)
+
+
+def _small_rows_bwd(res, g_RN):
+  x_RK, w_KN = res
+  return g_RN @ w_KN.T, x_RK.T @ g_RN
+
+
+_small_rows.defvjp(_small_rows_fwd, _small_rows_bwd)
+
+
+def matmul(x: jax.Array, w_KN: jax.Array) -> jax.Array:
+  """`x [..., K] @ w [K, N] -> [..., N]`: the kernel where `uses_kernel` holds, else XLA's dot.
+
+  Raises:
+    ValueError: the last dimension of x does not match w's first (from XLA's dot).
+  """
+  if not uses_kernel(x, w_KN):
+    return x @ w_KN
+  lead = x.shape[:-1]
+  y = _small_rows(x.reshape(-1, x.shape[-1]), w_KN)
+  return y.reshape(*lead, w_KN.shape[1])
+
+
+def describe() -> str:
+  """One line for logs and benchmarks: whether the kernel is on, and if not why."""
+  return 'C++ small-row kernel' if available() else f'XLA dot ({UNAVAILABLE_REASON})'
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """Drop-in `jax.lax.dot_general` for Flax `Dense`/`DenseGeneral` (`dot_general=`): a
+  contraction of lhs's trailing axes with rhs's leading axes, without batch axes (every dense
+  projection), goes through `matmul` (kernel or XLA, see the module docstring); anything else,
+  or a `preferred_element_type` other than lhs's dtype, is `jax.lax.dot_general` unchanged."""
+  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+  n = len(lhs_c)
+  dense = (not lhs_b and not rhs_b and n >= 1
+           and tuple(lhs_c) == tuple(range(lhs.ndim - n, lhs.ndim))
+           and tuple(rhs_c) == tuple(range(n)) and rhs.ndim > n
+           and preferred_element_type in (None, lhs.dtype))
+  if dense:
+    k = 1
+    for d in lhs.shape[lhs.ndim - n:]:
+      k *= d
+    x = lhs.reshape(*lhs.shape[:lhs.ndim - n], k)
+    w = rhs.reshape(k, -1)
+    if uses_kernel(x, w):
+      return matmul(x, w).reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:])
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=preferred_element_type)
+
+
+@jax.custom_vjp
+def _small_rows_nk(x_RK, w_NK):
+  kernel = lambda x, w: _ffi('jaxspec_matmul_nk', (x.shape[0], w.shape[0]), x, w)
+  return jax.lax.platform_dependent(x_RK, w_NK, cpu=kernel, default=lambda x, w: x @ w.T)
+
+
+def _small_rows_nk_bwd(res, g_RN):
+  x_RK, w_NK = res
+  return g_RN @ w_NK, g_RN.T @ x_RK
+
+
+_small_rows_nk.defvjp(lambda x, w: (_small_rows_nk(x, w), (x, w)), _small_rows_nk_bwd)
+
+
+def matmul_nt(x: jax.Array, w_NK: jax.Array) -> jax.Array:
+  """`x [..., K] @ w[N, K].T -> [..., N]` for weights stored (out, in), like a tied embedding
+  `[V, D]`: the kernel where `uses_kernel(x, w.T)` would hold, else XLA's
+  `einsum('NK,...K->N...')` moved back (N leading: XLA:CPU runs that 3-4x faster for several rows
+  than `x @ w.T`). Raises ValueError if x's last dimension is not w's second (from XLA)."""
+  if not uses_kernel(x, w_NK.T):
+    return jnp.moveaxis(jnp.einsum('NK,...K->N...', w_NK, x), 0, -1)
+  lead = x.shape[:-1]
+  return _small_rows_nk(x.reshape(-1, x.shape[-1]), w_NK).reshape(*lead, w_NK.shape[0])
+
+
+def _attention_ok(a, kv) -> bool:
+  return (available() and jax.device_count() == 1 and a.ndim == 5 and kv.ndim == 4
+          and a.dtype == jnp.float32 and kv.dtype == jnp.float32)
+
+
+_SCORES, _MIX = 'BTMGH,BSMH->BMGTS', 'BMGTS,BSMH->BTMGH'
+
+
+@jax.custom_vjp
+def _scores(q_BTMGH, k_BSMH):
+  b, t, m, g, _ = q_BTMGH.shape
+  kernel = lambda q, k: _ffi('jaxspec_attn_scores', (b, m, g, t, k.shape[1]), q, k)
+  xla = lambda q, k: jnp.einsum(_SCORES, q, k)
+  return jax.lax.platform_dependent(q_BTMGH, k_BSMH, cpu=kernel, default=xla)
+
+
+def _scores_bwd(res, g_BMGTS):
+  q, k = res
+  return jnp.einsum('BMGTS,BSMH->BTMGH', g_BMGTS, k), jnp.einsum('BMGTS,BTMGH->BSMH', g_BMGTS, q)
+
+
+_scores.defvjp(lambda q, k: (_scores(q, k), (q, k)), _scores_bwd)
+
+
+@jax.custom_vjp
+def _mix(p_BMGTS, v_BSMH):
+  b, m, g, t, _ = p_BMGTS.shape
+  kernel = lambda p, v: _ffi('jaxspec_attn_mix', (b, t, m, g, v.shape[-1]), p, v)
+  xla = lambda p, v: jnp.einsum(_MIX, p, v)
+  return jax.lax.platform_dependent(p_BMGTS, v_BSMH, cpu=kernel, default=xla)
+
+
+def _mix_bwd(res, g_BTMGH):
+  p, v = res
+  return jnp.einsum('BTMGH,BSMH->BMGTS', g_BTMGH, v), jnp.einsum('BTMGH,BMGTS->BSMH', g_BTMGH, p)
+
+
+_mix.defvjp(lambda p, v: (_mix(p, v), (p, v)), _mix_bwd)
+
+
+def attention_scores(q_BTMGH: jax.Array, k_BSMH: jax.Array) -> jax.Array:
+  """`einsum('BTMGH,BSMH->BMGTS')` (float32 result): the kernel on a 1-device CPU for float32
+  inputs with T <= MAX_ROWS, else XLA's einsum. Raises ValueError on mismatched shapes."""
+  if _attention_ok(q_BTMGH, k_BSMH) and q_BTMGH.shape[1] <= MAX_ROWS:
+    if (q_BTMGH.shape[0], q_BTMGH.shape[2], q_BTMGH.shape[4]) != (
+        k_BSMH.shape[0], k_BSMH.shape[2], k_BSMH.shape[3]):
+      raise ValueError(f'attention_scores: q {q_BTMGH.shape} does not match k {k_BSMH.shape}')
+    return _scores(q_BTMGH, k_BSMH)
+  return jnp.einsum(_SCORES, q_BTMGH, k_BSMH, preferred_element_type=jnp.float32)
+
+
+def attention_mix(p_BMGTS: jax.Array, v_BSMH: jax.Array) -> jax.Array:
+  """`einsum('BMGTS,BSMH->BTMGH')`: the kernel on a 1-device CPU for float32 inputs with
+  T <= MAX_ROWS, else XLA's einsum (result dtype of the inputs). Raises ValueError on
+  mismatched shapes."""
+  if _attention_ok(p_BMGTS, v_BSMH) and p_BMGTS.shape[3] <= MAX_ROWS:
+    if (p_BMGTS.shape[0], p_BMGTS.shape[4], p_BMGTS.shape[1]) != v_BSMH.shape[:3]:
+      raise ValueError(f'attention_mix: p {p_BMGTS.shape} does not match v {v_BSMH.shape}')
+    return _mix(p_BMGTS, v_BSMH)
+  return jnp.einsum(_MIX, p_BMGTS, v_BSMH)

@@ -1,0 +1,27 @@
+// Small-row fp32 matmul kernels: y[R, N] = x[R, K] @ W[K, N] with R (rows) small.
+//
+// Every weight is read from memory once for all rows: the columns of W are cut into strips of
+// 32 floats, and for each strip a register tile of up to 3 rows x 32 columns sweeps k = 0..K-1
+// (further row groups re-read the strip from cache, not from memory). Each y[r, n] is one fused
+// multiply-add chain over k in increasing order, so its value does not depend on R, on which rows
+// are computed together, on the column split across threads, or on the AVX2 vs scalar path.
+#pragma once
+
+#include <cstdint>
+
+namespace jaxspec {
+
+// Columns [n_begin, n_end) of y = x @ w; x [rows, k] , w [k, n], y [rows, n], all row-major.
+void MatmulKN(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
+              int64_t n_begin, int64_t n_end);
+
+// Columns [n_begin, n_end) of y = x @ w.T; x [rows, k], w [n, k] (out, in layout, e.g. a tied
+// embedding), y [rows, n]. Rows of w stream from memory in order, 4 at a time, each read once for
+// all rows of x; each output is 8 lane-wise fma chains over k summed in a fixed order.
+void MatmulNK(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
+              int64_t n_begin, int64_t n_end);
+
+// Columns are handed to threads in multiples of this many (one register tile's width).
+constexpr int64_t kStrip = 32;
+
+}  // namespace jaxspec

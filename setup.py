@@ -1,0 +1,45 @@
+"""Builds the optional C++ CPU matmul kernel (`models/_small_matmul*.so`, see models/cpu_matmul.py).
+
+All metadata lives in pyproject.toml. The extension is `optional`: if the compiler or the XLA FFI
+headers (shipped in jaxlib, a build requirement) are missing, `pip install` still succeeds and the
+models use XLA's matmul. It is a plain shared library loaded with ctypes, not a Python module.
+"""
+
+import os
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildKernel(build_ext):
+  """Adds jaxlib's FFI headers at build time (jaxlib is importable only inside the build)."""
+
+  def build_extensions(self):
+    try:
+      import jaxlib  # pylint: disable=g-import-not-at-top
+      include = os.path.join(os.path.dirname(jaxlib.__file__), 'include')
+    except ImportError:
+      include = None
+    for ext in self.extensions:
+      if include:
+        ext.include_dirs.append(include)
+    super().build_extensions()
+
+  def get_export_symbols(self, ext):
+    return []  # no PyInit_ function: the library exports the FFI handler only
+
+
+setup(
+    ext_modules=[
+        Extension(
+            'models._small_matmul',
+            sources=['models/csrc/small_matmul.cc', 'models/csrc/small_attention.cc',
+                     'models/csrc/ffi_handlers.cc'],
+            include_dirs=['models/csrc'],
+            language='c++',
+            extra_compile_args=['-O3', '-std=c++17', '-w'],
+            optional=True,
+        )
+    ],
+    cmdclass={'build_ext': BuildKernel},
+)
