@@ -29,7 +29,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models.llama import RMSNorm, _init, _write_rows, rope
+from models.llama import (RMSNorm, _init, _write_rows,  # pylint: disable=unused-import
+                          cache_logical_axes, rope)
 
 Params = Any
 Cache = list  # list over layers of {'k': [B,S,M,H], 'v': [B,S,M,H]}
@@ -240,12 +241,6 @@ def logical_axes(config: Gemma3Config) -> Params:
   abstract = jax.eval_shape(lambda: _init_variables(config, jax.random.key(0)))
   return jax.tree.map(lambda p: tuple(p.names), abstract['params'],
                       is_leaf=lambda x: isinstance(x, nn.Partitioned))
-
-
-def cache_logical_axes(config: Gemma3Config) -> Cache:
-  """Logical axis names of each cache array: ('batch', 'seq', 'kv_heads', 'head_dim')."""
-  names = ('batch', 'seq', 'kv_heads', 'head_dim')
-  return [{'k': names, 'v': names} for _ in range(config.num_layers)]
 
 
 @dataclasses.dataclass(frozen=True)
