@@ -51,7 +51,7 @@ class DecodeConfig:
       rejected before any work. None = unchecked.
   Raises:
     ValueError: num_draft_tokens < 0, max_new_tokens < 1, or a verifier that is not a
-      `Verifier` or that cannot apply at temperature 0.
+      `Verifier`, a lossy one at temperature 0, or `Greedy` at temperature > 0.
   """
 
   num_draft_tokens: int = 4
@@ -71,6 +71,9 @@ class DecodeConfig:
     if self.verifier is not None and not isinstance(self.verifier, Verifier):
       raise ValueError(f'verifier must be a jaxspec verifier (Greedy, Exact, Coupled, Mixture, '
                        f'TypicalAcceptance), got {self.verifier!r}')
+    if not self.sampling.greedy and isinstance(self.verifier, Greedy):
+      raise ValueError(f'the Greedy verifier needs temperature 0, got temperature '
+                       f'{self.sampling.temperature} (use Exact or Coupled to sample)')
     if self.sampling.greedy and self.verifier is not None and self.verifier.lossy:
       raise ValueError(f'temperature 0 is greedy decoding; the lossy verifier {self.verifier!r} '
                        'applies to sampling (temperature > 0) only')

@@ -240,15 +240,18 @@ class TypicalAcceptance:
 
 
 def parse_verifier(spec: str):
-  """`exact | coupled | greedy | mixture:W | typical:EPS,DELTA` -> a verifier.
+  """`exact | coupled | mixture:W | typical:EPS,DELTA` -> a verifier for sampling (greedy is
+  temperature 0, not a name here).
 
   Raises:
     ValueError: an unknown name or a malformed or out-of-range parameter, naming the choices.
   """
   name, _, arg = spec.partition(':')
+  forms = {'exact': 'exact', 'coupled': 'coupled', 'mixture': 'mixture:W',
+           'typical': 'typical:EPS,DELTA'}
   try:
-    if name in ('exact', 'coupled', 'greedy') and not arg:
-      return {'exact': Exact, 'coupled': Coupled, 'greedy': Greedy}[name]()
+    if name in ('exact', 'coupled') and not arg:
+      return {'exact': Exact, 'coupled': Coupled}[name]()
     if name == 'mixture' and arg:
       return Mixture(float(arg))
     if name == 'typical' and arg.count(',') == 1:
@@ -256,5 +259,7 @@ def parse_verifier(spec: str):
       return TypicalAcceptance(float(eps), float(delta))
   except ValueError as e:
     raise ValueError(f'bad verifier {spec!r}: {e}') from None
-  raise ValueError(f'unknown verifier {spec!r}; choices: exact, coupled, greedy, mixture:W '
-                   '(lossy), typical:EPS,DELTA (lossy)')
+  if name in forms:
+    raise ValueError(f'bad verifier {spec!r}: write it as {forms[name]}')
+  raise ValueError(f'unknown verifier {spec!r}; choices: exact, coupled, mixture:W (lossy), '
+                   'typical:EPS,DELTA (lossy); temperature 0 is greedy')

@@ -170,9 +170,11 @@ def test_lossy_rules_only_by_name():
     js.DecodeConfig(sampling=js.SamplingConfig(temperature=0), verifier=js.Mixture(0.5))
   with pytest.raises(ValueError, match='verifier'):
     js.DecodeConfig(verifier='exact')
+  with pytest.raises(ValueError, match='temperature 0'):
+    js.DecodeConfig(sampling=SAMPLED, verifier=js.Greedy())
   assert js.parse_verifier('mixture:0.25') == js.Mixture(0.25)
   assert js.parse_verifier('typical:0.3,0.09') == js.TypicalAcceptance(0.3, 0.09)
-  for bad in ('bogus', 'mixture', 'mixture:2', 'typical:0.3', 'exact:1'):
+  for bad in ('bogus', 'greedy', 'mixture', 'mixture:2', 'typical:0.3', 'exact:1'):
     with pytest.raises(ValueError, match='verifier'):
       js.parse_verifier(bad)
 
