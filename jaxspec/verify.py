@@ -71,6 +71,14 @@ def _prob_of(probs_BKV, tokens_BK):
   return jnp.take_along_axis(probs_BKV, safe[..., None], axis=-1)[..., 0]
 
 
+def _accept_matching(draft_tokens, target_tokens, num_proposed):
+  """Accepts the drafted prefix equal to the target's own tokens `[B,W]`; the next token is the
+  target's at the first mismatch (or right after the drafted tokens)."""
+  k = draft_tokens.shape[1]
+  n = _prefix_length(draft_tokens == target_tokens[:, :k], _full(draft_tokens, num_proposed))
+  return n, jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
+
+
 def verify_greedy(draft_tokens: jax.Array, target_logits: jax.Array,
                   num_proposed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Greedy verification: accept the longest prefix equal to the target's argmax.
@@ -86,10 +94,8 @@ def verify_greedy(draft_tokens: jax.Array, target_logits: jax.Array,
     ValueError: on inconsistent shapes (at trace time).
   """
   _check_shapes(draft_tokens, target_logits)
-  k = draft_tokens.shape[1]
   target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, K+1]
-  n = _prefix_length(draft_tokens == target_tokens[:, :k], _full(draft_tokens, num_proposed))
-  return n, jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
+  return _accept_matching(draft_tokens, target_tokens, num_proposed)
 
 
 def verify_exact(rows: noise.RowNoise, draft_tokens: jax.Array, q: jax.Array, p: jax.Array,
@@ -166,10 +172,8 @@ class Coupled:
 
   def __call__(self, rows, proposal: Proposal, logits, sampling: SamplingConfig):
     _check_shapes(proposal.tokens, logits, proposal.q)
-    k = proposal.tokens.shape[1]
     target_tokens = _target_tokens_coupled(rows, process_logits(logits, sampling))
-    n = _prefix_length(proposal.tokens == target_tokens[:, :k], proposal.num_proposed)
-    return n, jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
+    return _accept_matching(proposal.tokens, target_tokens, proposal.num_proposed)
 
 
 @dataclasses.dataclass(frozen=True)

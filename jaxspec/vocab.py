@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.contracts import Draft, DraftContext, Prefill, Proposal
+from jaxspec.drafts import ModelDraft
 
 
 def restrict_to_target(q_d: jax.Array, draft_to_target: jax.Array,
@@ -90,7 +91,8 @@ class VocabMappedDraft(Draft):
   fallback_id: int = 0
 
   def __post_init__(self):
-    if self.inner.uses_target_features or getattr(self.inner, 'shares_target_cache', False):
+    shares_cache = isinstance(self.inner, ModelDraft) and self.inner.shares_target_cache
+    if self.inner.uses_target_features or shares_cache:
       raise ValueError('a draft with another vocabulary cannot read the target\'s features or '
                        'share its KV cache')
 
