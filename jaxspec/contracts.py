@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 from jaxspec import noise
 from jaxspec.sampling import SamplingConfig
@@ -82,6 +83,10 @@ class DraftContext:
     sampling: the rule that turns the draft's logits into its q.
     vocab_size: the target's V; q must have this width.
     draft_stream: the noise stream the verifier wants the draft to draw with.
+    min_confidence: early stop: a row stops proposing after a token drawn from a distribution
+      whose largest probability (the draft's own softmax, before temperature, top-k and top-p)
+      is below this; 0 = never (see `stops`). num_draft_tokens may be 0 under a schedule: the
+      draft then proposes nothing but may update its state (a catch-up forward pass).
   """
 
   tokens: jax.Array
@@ -92,6 +97,16 @@ class DraftContext:
   sampling: SamplingConfig
   vocab_size: int
   draft_stream: int
+  min_confidence: float = 0.0
+
+  def stops(self, logits: jax.Array) -> jax.Array:
+    """Whether each row stops after the token drawn from these draft logits `[B,V]` -> `[B]`
+    bool: max softmax(logits) < `min_confidence` (the draft confidence rule of transformers'
+    `assistant_confidence_threshold` and llama.cpp's `p_min`). It reads only the draft's
+    distribution, so every verifier stays exact (a stopping time of the draft's own process)."""
+    if self.min_confidence <= 0:
+      return jnp.zeros(logits.shape[:1], bool)
+    return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), -1) < self.min_confidence
 
   def draw(self, i: jax.Array | int, q: jax.Array) -> jax.Array:
     """Draws drafted token i (0-based) of every row from its q `[B,V]` -> `[B]` int32: the argmax
@@ -176,3 +191,26 @@ class Verifier(Protocol):
     """rows: the noise of each row at positions L..L+K; proposal: the drafted window; logits:
     the target's `[B,W,V]` logits -> (num_accepted `[B]` int32 in [0, num_proposed], next token
     `[B]` int32)."""
+
+
+@runtime_checkable
+class Schedule(Protocol):
+  """Picks each round's K (the number of tokens drafted) inside the compiled loop.
+
+  The loop compiles one branch per K in `branches(K_max)` (`lax.switch`: shapes stay fixed and
+  nothing recompiles) and each round runs the branch `choose` returns; `update` then sees the
+  metrics before and after the round. State is a pytree carried in the loop. K depends only on
+  rounds already committed, so every exact verifier stays exact.
+  """
+
+  def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
+    """The K values a round may use, ascending, each in [0, max_draft_tokens]."""
+
+  def init(self, batch_size: int, max_draft_tokens: int) -> Any:
+    """The schedule's state before the first round."""
+
+  def choose(self, state: Any, active: jax.Array) -> jax.Array:
+    """active `[B]` bool (rows still decoding) -> int32 scalar, an index into `branches`."""
+
+  def update(self, state: Any, before: Any, after: Any, active: jax.Array) -> Any:
+    """The state after a round, from the `jaxspec.metrics.Metrics` before and after it."""

@@ -23,6 +23,13 @@ def _all_proposed(ctx: DraftContext):
   return jnp.full(ctx.lengths.shape, ctx.num_draft_tokens, jnp.int32)
 
 
+def _empty(ctx: DraftContext, state, target_cache) -> Proposal:
+  """Nothing drafted (a K = 0 round under a schedule)."""
+  b = ctx.lengths.shape[0]
+  return Proposal(jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, ctx.vocab_size), jnp.float32),
+                  jnp.zeros((b,), jnp.int32), state, target_cache)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDraft(Draft):
   """A draft language model with the target's vocabulary.
@@ -49,6 +56,8 @@ class ModelDraft(Draft):
 
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
     lengths = ctx.lengths
+    if self.shares_target_cache and ctx.num_draft_tokens == 0:
+      return _empty(ctx, state, ctx.target_cache)
     width = 1 if self.shares_target_cache else 2
     start = jnp.maximum(lengths - width, 0)
     window = jnp.take_along_axis(ctx.tokens, start[:, None] + jnp.arange(width), axis=1)
@@ -61,10 +70,10 @@ class ModelDraft(Draft):
       logits, cache = self.forward(params, x[:, None], cache, position)
       return logits[:, 0], (cache, position + 1)
 
-    tokens, q, (cache, _) = _autoregress(last, step, (cache, lengths), ctx)
+    tokens, q, num, (cache, _) = _autoregress(last, step, (cache, lengths), ctx)
     if self.shares_target_cache:
-      return Proposal(tokens, q, _all_proposed(ctx), None, cache)
-    return Proposal(tokens, q, _all_proposed(ctx), cache, ctx.target_cache)
+      return Proposal(tokens, q, num, None, cache)
+    return Proposal(tokens, q, num, cache, ctx.target_cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +99,8 @@ class NGramDraft(Draft):
 
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
     del params
+    if ctx.num_draft_tokens == 0:
+      return _empty(ctx, state, ctx.target_cache)
     tokens = ngram.lookup(ctx.tokens, ctx.lengths, ctx.num_draft_tokens, self.max_ngram,
                           self.min_ngram)
     q = jax.nn.one_hot(tokens, ctx.vocab_size, dtype=jnp.float32)
@@ -131,16 +142,21 @@ class FeatureDraft(Draft):
     return {'cache': cache, 'features': window, 'start': start}
 
   def observe(self, state, scored: Scored):
-    """Takes the target's features `[B,W,D]` of the verify window starting at `scored.start`."""
-    return {**state, 'features': scored.features.astype(state['features'].dtype),
+    """Takes the target's features `[B,W,D]` of the verify window starting at `scored.start`
+    (padded with zeros to the state's width, K + 1 of the largest K, when W is smaller)."""
+    features = scored.features.astype(state['features'].dtype)
+    pad = state['features'].shape[1] - features.shape[1]
+    return {**state, 'features': jnp.pad(features, ((0, 0), (0, pad), (0, 0))),
             'start': scored.start}
 
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
-    k, lengths = ctx.num_draft_tokens, ctx.lengths
+    lengths, width = ctx.lengths, state['features'].shape[1]
     pos = state['start'] + 1
-    idx = jnp.clip(pos[:, None] + jnp.arange(k + 1), 0, ctx.tokens.shape[1] - 1)
+    idx = jnp.clip(pos[:, None] + jnp.arange(width), 0, ctx.tokens.shape[1] - 1)
     window = jnp.take_along_axis(ctx.tokens, idx, axis=1)
     feats, cache = self.forward(params, window, state['features'], state['cache'], pos)
+    if ctx.num_draft_tokens == 0:  # the catch-up pass only: no head, nothing drafted
+      return _empty(ctx, {**state, 'cache': cache}, ctx.target_cache)
     last = jnp.take_along_axis(feats, (lengths - 1 - pos)[:, None, None], axis=1)  # [B,1,D]
 
     def step(carry, x):
@@ -148,28 +164,39 @@ class FeatureDraft(Draft):
       feature, cache = self.forward(params, x[:, None], feature, cache, position)
       return self.forward.logits(params, feature)[:, 0], (feature, cache, position + 1)
 
-    tokens, q, (_, cache, _) = _autoregress(
+    tokens, q, num, (_, cache, _) = _autoregress(
         self.forward.logits(params, last)[:, 0], step, (last, cache, lengths), ctx)
-    return Proposal(tokens, q, _all_proposed(ctx), {**state, 'cache': cache}, ctx.target_cache)
+    return Proposal(tokens, q, num, {**state, 'cache': cache}, ctx.target_cache)
 
 
 def _autoregress(first_logits, step, carry, ctx: DraftContext):
-  """Draws K tokens one at a time: token i from `q_i = process_logits(logits_i)` with
+  """Draws up to K tokens one at a time: token i from `q_i = process_logits(logits_i)` with
   `ctx.draw(i, q_i)`, then `step(carry, token [B]) -> (next logits [B,V], carry)`; no step after
-  the last token.
+  the last token. A row stops proposing after a token where `ctx.stops` says so, and the loop
+  ends once every row has stopped (its later entries are zeros).
 
-  Returns (draft_tokens [B,K] int32, q [B,K,V] float32, carry)."""
+  Returns (draft_tokens [B,K] int32, q [B,K,V] float32, num_proposed [B] int32, carry)."""
+  k, (b, v) = ctx.num_draft_tokens, first_logits.shape
+  if k == 0:
+    return (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, v), jnp.float32),
+            jnp.zeros((b,), jnp.int32), carry)
 
-  def body(c, i):
-    logits, inner = c
+  def draw(i, logits, tokens, qs, num, stopped):
     q = process_logits(logits, ctx.sampling)
     x = ctx.draw(i, q)
-    return step(inner, x), (x, q)
+    num = jnp.where(stopped, num, i + 1)
+    return x, tokens.at[:, i].set(x), qs.at[:, i].set(q), num, stopped | ctx.stops(logits)
 
-  k = ctx.num_draft_tokens
-  (last, carry), (xs, qs) = jax.lax.scan(body, (first_logits, carry), jnp.arange(k - 1))
-  q_last = process_logits(last, ctx.sampling)
-  x_last = ctx.draw(k - 1, q_last)
-  draft_tokens = jnp.concatenate([xs.T, x_last[:, None]], axis=1)
-  q = jnp.concatenate([jnp.swapaxes(qs, 0, 1), q_last[:, None]], axis=1)
-  return draft_tokens, q, carry
+  def body(c):
+    i, x, inner, tokens, qs, num, stopped = c
+    logits, inner = step(inner, x)
+    x, tokens, qs, num, stopped = draw(i, logits, tokens, qs, num, stopped)
+    return i + 1, x, inner, tokens, qs, num, stopped
+
+  x, tokens, qs, num, stopped = draw(0, first_logits, jnp.zeros((b, k), jnp.int32),
+                                     jnp.zeros((b, k, v), jnp.float32),
+                                     jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool))
+  _, _, carry, tokens, qs, num, _ = jax.lax.while_loop(
+      lambda c: (c[0] < k) & ~jnp.all(c[-1]), body,
+      (jnp.int32(1), x, carry, tokens, qs, num, stopped))
+  return tokens, qs, num, carry

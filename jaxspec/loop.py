@@ -13,11 +13,16 @@ tokens with their distributions q), `score` (the target scores `[x_{L-1}, d_1..d
 forward pass at positions L-1..L+K-1), `verify` (the verifier accepts n drafted tokens and yields
 one more) and `commit` (n + 1 tokens are written, cut at the first EOS and at the token budget;
 a row whose numbers went bad where it samples stops there). K = 0 is plain decoding.
+
+With a `Schedule` (`jaxspec.schedule`) each round runs one of several compiled rounds, one per K
+in the schedule's branches (`lax.switch`); state shapes are those of the largest K, so nothing
+recompiles. A draft may also stop early per row (`DecodeConfig.min_draft_confidence`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Iterator
 
 import jax
@@ -25,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import noise
-from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal, Scored,
-                               Verifier, buffer_length)
+from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal,
+                               Schedule, Scored, Verifier, buffer_length)
 from jaxspec.metrics import Metrics
 from jaxspec.sampling import SamplingConfig
 from jaxspec.verify import Exact, Greedy
@@ -40,7 +45,8 @@ class DecodeConfig:
   """Decoding settings (static: each distinct config compiles once).
 
   Attributes:
-    num_draft_tokens: K (the paper's gamma), tokens drafted per round; 0 = plain decoding.
+    num_draft_tokens: K (the paper's gamma), tokens drafted per round; 0 = plain decoding. Under
+      a schedule, the largest K a round may use.
     max_new_tokens: most tokens generated per row, EOS included.
     sampling: how logits become distributions (temperature 0 = greedy).
     verifier: the acceptance rule; None = `Greedy` at temperature 0, else `Exact`. A lossy rule
@@ -49,9 +55,15 @@ class DecodeConfig:
     pad_id: fills the token buffer past each row's length.
     context_length: the model's context in tokens; a buffer (`buffer_length`) longer than this is
       rejected before any work. None = unchecked.
+    schedule: picks each round's K in [0, num_draft_tokens] (`jaxspec.schedule.CostModel`,
+      `Heuristic`); None = K = num_draft_tokens every round.
+    min_draft_confidence: per-row early stop: a row's draft stops after a token whose draft
+      distribution's largest probability is below this (`DraftContext.stops`); 0 = never.
   Raises:
-    ValueError: num_draft_tokens < 0, max_new_tokens < 1, or a verifier that is not a
-      `Verifier`, a lossy one at temperature 0, or `Greedy` at temperature > 0.
+    ValueError: num_draft_tokens < 0, max_new_tokens < 1, min_draft_confidence outside [0, 1],
+      a schedule that is not a `Schedule` or lacks a draft's K (num_draft_tokens 0), or a
+      verifier that is not a `Verifier`, a lossy one at temperature 0, or `Greedy` at
+      temperature > 0.
   """
 
   num_draft_tokens: int = 4
@@ -61,6 +73,8 @@ class DecodeConfig:
   eos_id: int | None = None
   pad_id: int = 0
   context_length: int | None = None
+  schedule: Schedule | None = None
+  min_draft_confidence: float = 0.0
 
   def __post_init__(self):
     if self.num_draft_tokens < 0:
@@ -68,6 +82,16 @@ class DecodeConfig:
                        f'{self.num_draft_tokens}')
     if self.max_new_tokens < 1:
       raise ValueError(f'max_new_tokens must be >= 1, got {self.max_new_tokens}')
+    if not 0 <= self.min_draft_confidence <= 1:
+      raise ValueError(f'min_draft_confidence must be in [0, 1] (0 = no early stop), got '
+                       f'{self.min_draft_confidence}')
+    if self.schedule is not None:
+      if not isinstance(self.schedule, Schedule):
+        raise ValueError(f'schedule must be a jaxspec schedule (CostModel, Heuristic), got '
+                         f'{self.schedule!r}')
+      if self.num_draft_tokens < 1:
+        raise ValueError('a schedule needs num_draft_tokens >= 1, the largest K it may pick')
+      self.schedule.branches(self.num_draft_tokens)  # raises on a K past num_draft_tokens
     if self.verifier is not None and not isinstance(self.verifier, Verifier):
       raise ValueError(f'verifier must be a jaxspec verifier (Greedy, Exact, Coupled, Mixture, '
                        f'TypicalAcceptance), got {self.verifier!r}')
@@ -92,7 +116,8 @@ class DecodeConfig:
 class DecodeState:
   """Loop state, a pytree. tokens `[B,S]` int32; lengths, prompt_lengths `[B]` int32; finish
   `[B]` int32 (`RUNNING`, `EOS`, `LENGTH` or `NONFINITE`); target_cache and draft_state as the
-  model and draft define them; keys `[B]` the rows' PRNG keys (`jaxspec.noise`)."""
+  model and draft define them; keys `[B]` the rows' PRNG keys (`jaxspec.noise`); schedule the
+  schedule's state (None without one)."""
 
   tokens: jax.Array
   lengths: jax.Array
@@ -102,6 +127,7 @@ class DecodeState:
   draft_state: Any
   keys: jax.Array
   metrics: Metrics
+  schedule: Any = None
 
   @property
   def done(self) -> jax.Array:
@@ -165,21 +191,23 @@ def init_state(target_params, draft_params, prompt_tokens, prompt_lengths, keys,
   # Prefill writes every prompt position; entries at and after L-1 are rewritten before use.
   cache, start = target.init_cache(b, s), jnp.zeros((b,), jnp.int32)
   features = None
-  if k > 0 and _feature_target(target, draft):
+  if _feature_target(target, draft):
     _, target_cache, features = target.with_features(target_params, prompt_tokens, cache, start)
   else:
     _, target_cache = target(target_params, prompt_tokens, cache, start)
   draft_state = None
-  if k > 0:
+  if draft is not None:
     draft_state = draft.init(draft_params, Prefill(prompt_tokens, prompt_lengths, s, k, features))
+  schedule = config.schedule and config.schedule.init(b, k)
   return DecodeState(tokens=tokens, lengths=prompt_lengths, prompt_lengths=prompt_lengths,
                      finish=jnp.zeros((b,), jnp.int32), target_cache=target_cache,
-                     draft_state=draft_state, keys=keys, metrics=Metrics.zeros(b, k))
+                     draft_state=draft_state, keys=keys, metrics=Metrics.zeros(b, k),
+                     schedule=schedule)
 
 
 def propose(state: DecodeState, draft_params, vocab_size: int, *, draft: Draft | None,
             config: DecodeConfig) -> Proposal:
-  """Part 1: the draft's proposal (an empty one for K = 0). Drafted ids outside [0, V) end the
+  """Part 1: the draft's proposal (an empty one without a draft). Drafted ids outside [0, V) end the
   row's proposal there (they count as not drafted) and are replaced by 0 before the target reads
   them, so that no out-of-range id reaches an embedding lookup.
 
@@ -187,15 +215,18 @@ def propose(state: DecodeState, draft_params, vocab_size: int, *, draft: Draft |
     ValueError: at trace time, when the draft's vocabulary differs from the target's.
   """
   k, b = config.num_draft_tokens, state.tokens.shape[0]
-  if k == 0:
+  if draft is None:
     return Proposal(jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, vocab_size), jnp.float32),
                     jnp.zeros((b,), jnp.int32), state.draft_state, state.target_cache)
   ctx = DraftContext(state.tokens, state.lengths, state.target_cache, state.keys, k,
-                     config.sampling, vocab_size, config.rule.draft_stream)
+                     config.sampling, vocab_size, config.rule.draft_stream,
+                     config.min_draft_confidence)
   proposal = draft.propose(draft_params, state.draft_state, ctx)
   if proposal.q.shape[-1] != vocab_size:
     raise ValueError(f'vocabulary mismatch: the draft has {proposal.q.shape[-1]} tokens, the '
                      f'target {vocab_size}; the draft must share the target\'s vocabulary')
+  if k == 0:
+    return proposal
   valid = (proposal.tokens >= 0) & (proposal.tokens < vocab_size)
   first_invalid = jnp.where(jnp.all(valid, 1), k, jnp.argmin(valid, 1)).astype(jnp.int32)
   return dataclasses.replace(proposal, tokens=jnp.where(valid, proposal.tokens, 0),
@@ -209,7 +240,7 @@ def score(state: DecodeState, proposal: Proposal, target_params, *, target: Mode
   last = jnp.take_along_axis(state.tokens, (state.lengths - 1)[:, None], axis=1)
   window = jnp.concatenate([last, proposal.tokens], axis=1)
   start = state.lengths - 1
-  if config.num_draft_tokens > 0 and _feature_target(target, draft):
+  if _feature_target(target, draft):
     logits, cache, features = target.with_features(target_params, window,
                                                    proposal.target_cache, start)
     return Scored(logits, start, features), cache
@@ -266,7 +297,7 @@ def commit(state: DecodeState, proposal: Proposal, num_accepted, next_token, fir
   num_drafted = jnp.where(cut_short, jnp.minimum(num_committed, proposal.num_proposed),
                           proposal.num_proposed)
   metrics = state.metrics.update(active, num_drafted, jnp.minimum(num_kept, num_committed),
-                                 num_committed)
+                                 num_committed, k)
   return tokens, new_lengths, finish, metrics
 
 
@@ -285,7 +316,7 @@ def speculative_step(state: DecodeState, target_params, draft_params, *, target:
   scored, target_cache = score(state, proposal, target_params, target=target, draft=draft,
                                config=config)
   draft_state = proposal.state
-  if config.num_draft_tokens > 0:
+  if draft is not None:
     draft_state = draft.observe(draft_state, scored)
   num_accepted, next_token, first_bad = verify(state, proposal, scored, config=config)
   tokens, lengths, finish, metrics = commit(state, proposal, num_accepted, next_token, first_bad,
@@ -294,12 +325,32 @@ def speculative_step(state: DecodeState, target_params, draft_params, *, target:
                              target_cache=target_cache, draft_state=draft_state, metrics=metrics)
 
 
+def decode_step(state: DecodeState, target_params, draft_params, *, target: Model,
+                draft: Draft | None, config: DecodeConfig) -> DecodeState:
+  """One round of the loop: `speculative_step` at K = num_draft_tokens or, under a schedule, at
+  the K the schedule picks among its compiled branches (`lax.switch`), then the schedule's
+  update. A pure function: state -> state."""
+  schedule = config.schedule
+  if schedule is None:
+    return speculative_step(state, target_params, draft_params, target=target, draft=draft,
+                            config=config)
+  rounds = [functools.partial(speculative_step, target=target, draft=draft,
+                              config=dataclasses.replace(config, num_draft_tokens=k,
+                                                         schedule=None))
+            for k in schedule.branches(config.num_draft_tokens)]
+  index = schedule.choose(state.schedule, ~state.done)
+  new = jax.lax.switch(index, rounds, dataclasses.replace(state, schedule=None), target_params,
+                       draft_params)
+  return dataclasses.replace(new, schedule=schedule.update(state.schedule, state.metrics,
+                                                           new.metrics, ~state.done))
+
+
 def _decode(target_params, draft_params, prompt_tokens, prompt_lengths, keys, *, target, draft,
             config):
   state = init_state(target_params, draft_params, prompt_tokens, prompt_lengths, keys,
                      target=target, draft=draft, config=config)
-  step = lambda s: speculative_step(s, target_params, draft_params, target=target, draft=draft,
-                                    config=config)
+  step = lambda s: decode_step(s, target_params, draft_params, target=target, draft=draft,
+                               config=config)
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
   return DecodeResult(state.tokens, state.lengths, state.prompt_lengths, state.finish,
                       state.metrics)
@@ -386,12 +437,12 @@ def compile_generate(target_params, draft_params, prompt_tokens, prompt_lengths,
 def generate_steps(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
                    target: Model, draft: Draft | None,
                    config: DecodeConfig) -> Iterator[DecodeState]:
-  """The debug/streaming twin of `generate`: a Python loop over the same jitted
-  `speculative_step` (state donated), yielding the state after every round."""
+  """The debug/streaming twin of `generate`: a Python loop over the same jitted `decode_step`
+  (state donated), yielding the state after every round."""
   args, statics = _checked_args(target_params, draft_params, prompt_tokens, prompt_lengths, seeds,
                                 target=target, draft=draft, config=config)
   state = jax.jit(init_state, static_argnames=tuple(statics))(*args, **statics)
-  step = jax.jit(speculative_step, static_argnames=tuple(statics), donate_argnums=0)
+  step = jax.jit(decode_step, static_argnames=tuple(statics), donate_argnums=0)
   while not bool(jnp.all(state.done)):
     state = step(state, target_params, draft_params, **statics)
     yield state

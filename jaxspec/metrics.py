@@ -21,6 +21,12 @@ class Metrics:
     accepted: `[B]` drafted tokens accepted and committed.
     new_tokens: `[B]` tokens committed after the prompt.
     accepted_hist: `[B, K+1]` number of rounds that accepted 0..K drafted tokens.
+    position_reached: `[B, K]` rounds whose drafted token i (0-based) was examined: drafted, and
+      every drafted token before it accepted.
+    position_accepted: `[B, K]` rounds whose drafted token i was accepted. The per-position
+      (conditional) acceptance rate is position_accepted / position_reached.
+    rounds_by_k: `[B, K+1]` rounds run with 0..K drafted tokens allowed (all at K unless a
+      `jaxspec.schedule` schedule picks K per round).
   """
 
   target_forward_passes: jax.Array
@@ -28,24 +34,39 @@ class Metrics:
   accepted: jax.Array
   new_tokens: jax.Array
   accepted_hist: jax.Array
+  position_reached: jax.Array
+  position_accepted: jax.Array
+  rounds_by_k: jax.Array
 
   @classmethod
   def zeros(cls, batch_size: int, num_draft_tokens: int) -> Metrics:
     z = jnp.zeros((batch_size,), jnp.int32)
-    return cls(z, z, z, z, jnp.zeros((batch_size, num_draft_tokens + 1), jnp.int32))
+    zk = jnp.zeros((batch_size, num_draft_tokens), jnp.int32)
+    zk1 = jnp.zeros((batch_size, num_draft_tokens + 1), jnp.int32)
+    return cls(z, z, z, z, zk1, zk, zk, zk1)
 
-  def update(self, active, num_drafted, num_accepted, num_committed) -> Metrics:
-    """Adds one round; `active` `[B]` bool masks rows that were already finished."""
+  def update(self, active, num_drafted, num_accepted, num_committed, k: int) -> Metrics:
+    """Adds one round run with K = `k` (static) allowed; `active` `[B]` bool masks rows that were
+    already finished."""
     a = active.astype(jnp.int32)
-    hist = jax.nn.one_hot(num_accepted, self.accepted_hist.shape[1], dtype=jnp.int32)
+    width = self.accepted_hist.shape[1]
+    hist = jax.nn.one_hot(num_accepted, width, dtype=jnp.int32)
+    i = jnp.arange(width - 1)[None]
+    reached = (i < num_drafted[:, None]) & (i <= num_accepted[:, None])
+    accepted = i < num_accepted[:, None]
     return Metrics(self.target_forward_passes + a, self.drafted + a * num_drafted,
                    self.accepted + a * num_accepted, self.new_tokens + a * num_committed,
-                   self.accepted_hist + a[:, None] * hist)
+                   self.accepted_hist + a[:, None] * hist,
+                   self.position_reached + a[:, None] * reached,
+                   self.position_accepted + a[:, None] * accepted,
+                   self.rounds_by_k.at[:, k].add(a))
 
 
 def summarize(metrics: Metrics) -> dict:
   """Batch totals as Python numbers: acceptance_rate = accepted / drafted (0 when nothing was
-  drafted), mean_accepted_length = new tokens / target forward passes (tokens per pass)."""
+  drafted), mean_accepted_length = new tokens / target forward passes (tokens per pass),
+  position_acceptance[i] = accepted / examined at drafted position i (None where never examined),
+  rounds_by_k[k] = rounds run with K = k (summed over rows)."""
   m = jax.tree.map(np.asarray, metrics)
   passes, drafted = int(m.target_forward_passes.sum()), int(m.drafted.sum())
   return {
@@ -56,4 +77,7 @@ def summarize(metrics: Metrics) -> dict:
       'acceptance_rate': float(m.accepted.sum() / drafted) if drafted else 0.0,
       'mean_accepted_length': float(m.new_tokens.sum() / passes) if passes else 0.0,
       'accepted_length_histogram': m.accepted_hist.sum(0).tolist(),
+      'position_acceptance': [float(a / r) if r else None for a, r in
+                              zip(m.position_accepted.sum(0), m.position_reached.sum(0))],
+      'rounds_by_k': m.rounds_by_k.sum(0).tolist(),
   }

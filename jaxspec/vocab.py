@@ -104,7 +104,8 @@ class VocabMappedDraft(Draft):
     d2t, t2d = params['draft_to_target'], params['target_to_draft']
     inner_ctx = _MappedContext(
         to_draft_ids(ctx.tokens, t2d, self.fallback_id), ctx.lengths, None, ctx.keys,
-        ctx.num_draft_tokens, ctx.sampling, d2t.shape[0], ctx.draft_stream, draft_to_target=d2t,
+        ctx.num_draft_tokens, ctx.sampling, d2t.shape[0], ctx.draft_stream, ctx.min_confidence,
+        draft_to_target=d2t,
         target_to_draft=t2d, target_vocab_size=ctx.vocab_size, fallback_id=self.fallback_id)
     proposal = self.inner.propose(params['draft'], state, inner_ctx)
     q_t, mass = restrict_to_target(proposal.q, d2t, ctx.vocab_size)

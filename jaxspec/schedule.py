@@ -1,0 +1,176 @@
+"""Schedules: K chosen per round inside the compiled loop (the `contracts.Schedule` protocol).
+
+- `Heuristic` is transformers' "heuristic" schedule (`num_assistant_tokens_schedule`): K grows by
+  2 after a round whose drafted tokens were all accepted, and shrinks by 1 otherwise.
+- `CostModel` keeps an on-device exponential moving average of each row's per-position
+  acceptance rate and picks the K (0, a plain step, included) with the most expected tokens per
+  second: sum over active rows of E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al.
+  2023, Eq. 1, with per-position rates), divided by the measured cost of a K-round
+  (`measure_round_costs`). Where speculation does not pay (a slow draft, large batch) it picks 0.
+  A row's rates change only in rounds that draft, so after `probe_every` plain rounds in a row
+  one round drafts with the smallest K > 0 to look again.
+
+Neither changes what is sampled: K depends only on rounds already committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import loop
+from jaxspec.metrics import Metrics
+
+
+def _round_outcome(before: Metrics, after: Metrics):
+  """This round's per-position examined and accepted flags `[B,K]` int32, from the counters."""
+  return (after.position_reached - before.position_reached,
+          after.position_accepted - before.position_accepted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Heuristic:
+  """transformers' heuristic schedule: K += 2 after a round in which every active row accepted
+  all it drafted, else K -= 1, within [1, K_max]. State: K, an int32 scalar.
+
+  Attributes:
+    initial: K of the first round; None = K_max.
+  """
+
+  initial: int | None = None
+
+  def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
+    return tuple(range(1, max_draft_tokens + 1))
+
+  def init(self, batch_size: int, max_draft_tokens: int) -> jax.Array:
+    del batch_size
+    return jnp.int32(min(self.initial or max_draft_tokens, max_draft_tokens))
+
+  def choose(self, state, active):
+    del active
+    return state - 1
+
+  def update(self, state, before: Metrics, after: Metrics, active):
+    all_accepted = jnp.all(~active | (after.accepted - before.accepted ==
+                                      after.drafted - before.drafted))
+    k_max = before.position_reached.shape[1]
+    return jnp.clip(jnp.where(all_accepted, state + 2, state - 1), 1, k_max).astype(jnp.int32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CostModelState:
+  """alpha `[B,K]` float32: each row's moving average of its acceptance rate at drafted position
+  i given positions before it accepted; plain_rounds: int32 scalar, rounds since one drafted."""
+
+  alpha: jax.Array
+  plain_rounds: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Picks the K with the most expected tokens per second from measured round costs.
+
+  Attributes:
+    ks: the K values compiled, ascending (0 = a plain step).
+    round_seconds: the measured cost of one round at each K (same order; `measure_round_costs`).
+    prior: every rate's value before a row has drafted there.
+    decay: the moving average's weight on a new observation, in (0, 1].
+    probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0;
+      0 = never (speculation, once off, stays off).
+  Raises:
+    ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
+      costs, or prior, decay, probe_every out of range.
+  """
+
+  ks: tuple[int, ...]
+  round_seconds: tuple[float, ...]
+  prior: float = 0.5
+  decay: float = 0.2
+  probe_every: int = 16
+
+  def __post_init__(self):
+    if len(self.ks) != len(self.round_seconds) or not self.ks:
+      raise ValueError(f'ks and round_seconds must pair up; got {self.ks} and '
+                       f'{self.round_seconds}')
+    if list(self.ks) != sorted(set(self.ks)) or self.ks[0] < 0:
+      raise ValueError(f'ks must be distinct, ascending and >= 0, got {self.ks}')
+    if not all(c > 0 for c in self.round_seconds):
+      raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
+    if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.probe_every >= 0):
+      raise ValueError(f'need prior in [0, 1], decay in (0, 1], probe_every >= 0; got '
+                       f'{self.prior}, {self.decay}, {self.probe_every}')
+
+  def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
+    if self.ks[-1] > max_draft_tokens:
+      raise ValueError(f'the cost model has K up to {self.ks[-1]}, more than num_draft_tokens '
+                       f'{max_draft_tokens}')
+    return self.ks
+
+  def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
+    return CostModelState(jnp.full((batch_size, max_draft_tokens), self.prior, jnp.float32),
+                          jnp.int32(0))
+
+  def expected_tokens(self, state: CostModelState, active) -> jax.Array:
+    """Expected tokens committed by one round at each K of `ks`, summed over active rows: `[len(ks)]`
+    float32."""
+    reach = jnp.cumprod(state.alpha, axis=1)  # P(drafted token i is accepted, and all before it)
+    per_k = 1 + jnp.pad(jnp.cumsum(reach, axis=1), ((0, 0), (1, 0)))  # [B, K+1], E at K = 0..
+    return jnp.sum(jnp.where(active[:, None], per_k[:, np.array(self.ks)], 0.0), axis=0)
+
+  def choose(self, state: CostModelState, active):
+    rate = self.expected_tokens(state, active) / jnp.asarray(self.round_seconds, jnp.float32)
+    index = jnp.argmax(rate).astype(jnp.int32)
+    positive = [i for i, k in enumerate(self.ks) if k > 0]
+    if self.probe_every and positive and self.ks[0] == 0:
+      probe = (index == 0) & (state.plain_rounds >= self.probe_every)
+      index = jnp.where(probe, positive[0], index).astype(jnp.int32)
+    return index
+
+  def update(self, state: CostModelState, before: Metrics, after: Metrics, active):
+    reached, accepted = _round_outcome(before, after)
+    alpha = jnp.where(reached > 0, (1 - self.decay) * state.alpha + self.decay * accepted,
+                      state.alpha)
+    drafted = jnp.any(after.drafted > before.drafted)
+    return CostModelState(alpha, jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
+
+
+def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
+                        target, draft, config: loop.DecodeConfig, ks, rounds: int = 4,
+                        repeats: int = 3) -> tuple[float, ...]:
+  """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
+  devices that decoding will use): for each K, `rounds` rounds of `speculative_step` run in one
+  compiled loop from the prefilled state, the best of `repeats` (after one warm-up run).
+
+  Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size).
+  Returns:
+    seconds per round, one per K, in the order of `ks`.
+  Raises:
+    ValueError: what `generate` raises, or a K outside [0, config.num_draft_tokens].
+  """
+  if not all(0 <= k <= config.num_draft_tokens for k in ks):
+    raise ValueError(f'every K must be in [0, num_draft_tokens={config.num_draft_tokens}], got '
+                     f'{tuple(ks)}')
+  config = dataclasses.replace(config, schedule=None)
+  args, statics = loop._checked_args(target_params, draft_params, prompt_tokens,  # pylint: disable=protected-access
+                                     prompt_lengths, seeds, target=target, draft=draft,
+                                     config=config)
+  state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
+  costs = []
+  for k in ks:
+    kw = dict(statics, config=dataclasses.replace(config, num_draft_tokens=k))
+    run = jax.jit(lambda s, tp, dp, kw=kw: jax.lax.fori_loop(
+        0, rounds, lambda _, s: loop.speculative_step(s, tp, dp, **kw), s).tokens)
+    jax.block_until_ready(run(state, target_params, draft_params))
+    best = float('inf')
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(run(state, target_params, draft_params))
+      best = min(best, time.perf_counter() - t0)
+    costs.append(best / rounds)
+  return tuple(costs)
