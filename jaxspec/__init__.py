@@ -10,7 +10,7 @@ from jaxspec.loop import (FINISH_REASONS, DecodeConfig, DecodeResult, DecodeStat
 from jaxspec.metrics import Metrics, summarize
 from jaxspec.noise import RowNoise, row_keys
 from jaxspec.sampling import SamplingConfig, process_logits
-from jaxspec.schedule import CostModel, Heuristic, measure_round_costs
+from jaxspec.schedule import CostModel, Heuristic, measure_round_costs, measured_cost_model
 from jaxspec.verify import (Coupled, Exact, Greedy, Mixture, TypicalAcceptance, parse_verifier,
                             verify_exact, verify_greedy)
 from jaxspec.vocab import VocabMappedDraft
@@ -21,7 +21,7 @@ __all__ = [
     'Mixture', 'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal', 'RowNoise',
     'SamplingConfig', 'Schedule', 'Scored', 'TypicalAcceptance', 'Verifier', 'VocabMappedDraft',
     'buffer_length', 'commit', 'compile_generate', 'decode_step', 'generate', 'generate_steps',
-    'init_state', 'measure_round_costs', 'noise', 'pad_prompts', 'parse_verifier',
-    'process_logits', 'propose', 'row_keys', 'score', 'speculative_step', 'summarize',
-    'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',
+    'init_state', 'measure_round_costs', 'measured_cost_model', 'noise', 'pad_prompts',
+    'parse_verifier', 'process_logits', 'propose', 'row_keys', 'score', 'speculative_step',
+    'summarize', 'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',
 ]

@@ -2,13 +2,13 @@
 
 - `Heuristic` is transformers' "heuristic" schedule (`num_assistant_tokens_schedule`): K grows by
   2 after a round whose drafted tokens were all accepted, and shrinks by 1 otherwise.
-- `CostModel` keeps an on-device exponential moving average of each row's per-position
-  acceptance rate and picks the K (0, a plain step, included) with the most expected tokens per
-  second: sum over active rows of E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al.
-  2023, Eq. 1, with per-position rates), divided by the measured cost of a K-round
-  (`measure_round_costs`). Where speculation does not pay (a slow draft, large batch) it picks 0.
-  A row's rates change only in rounds that draft, so after `probe_every` plain rounds in a row
-  one round drafts with the smallest K > 0 to look again.
+- `CostModel` keeps on-device, discounted (exponentially weighted) acceptance counts per row
+  and drafted position, pooled for the batch, and picks the K (0, a plain step, included) with
+  the most expected tokens per second: the sum over active rows of
+  E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
+  rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
+  does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft,
+  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0.
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -65,10 +65,12 @@ class Heuristic:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class CostModelState:
-  """alpha `[B,K]` float32: each row's moving average of its acceptance rate at drafted position
-  i given positions before it accepted; plain_rounds: int32 scalar, rounds since one drafted."""
+  """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
+  examined: drafted, every token before it accepted) and accepted; plain_rounds, an int32
+  scalar: rounds in a row that drafted nothing."""
 
-  alpha: jax.Array
+  reached: jax.Array
+  accepted: jax.Array
   plain_rounds: jax.Array
 
 
@@ -76,22 +78,31 @@ class CostModelState:
 class CostModel:
   """Picks the K with the most expected tokens per second from measured round costs.
 
+  The acceptance rate at drafted position i (given the tokens before it accepted) is estimated
+  per row and for the batch from discounted counts (each observation's weight falls by `decay`
+  per later observation at that row and position): the batch's rate is its pooled counts plus
+  `prior_weight` pseudo-observations at `prior`; a row's rate is its own counts plus
+  `prior_weight` pseudo-observations at the batch's rate. A row with no history of its own thus
+  follows the batch, and every rate starts at `prior`.
+
   Attributes:
     ks: the K values compiled, ascending (0 = a plain step).
     round_seconds: the measured cost of one round at each K (same order; `measure_round_costs`).
-    prior: every rate's value before a row has drafted there.
-    decay: the moving average's weight on a new observation, in (0, 1].
-    probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0;
-      0 = never (speculation, once off, stays off).
+    prior: every rate before anything was observed.
+    decay: the discount of older observations, in (0, 1] (1 = only the latest counts).
+    prior_weight: how many observations the prior counts for, > 0.
+    probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0
+      (plain rounds observe nothing); 0 = never (speculation, once off, stays off).
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
-      costs, or prior, decay, probe_every out of range.
+      costs, or prior, decay, prior_weight, probe_every out of range.
   """
 
   ks: tuple[int, ...]
   round_seconds: tuple[float, ...]
   prior: float = 0.5
-  decay: float = 0.2
+  decay: float = 0.1
+  prior_weight: float = 2.0
   probe_every: int = 16
 
   def __post_init__(self):
@@ -102,9 +113,11 @@ class CostModel:
       raise ValueError(f'ks must be distinct, ascending and >= 0, got {self.ks}')
     if not all(c > 0 for c in self.round_seconds):
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
-    if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.probe_every >= 0):
-      raise ValueError(f'need prior in [0, 1], decay in (0, 1], probe_every >= 0; got '
-                       f'{self.prior}, {self.decay}, {self.probe_every}')
+    if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
+            self.probe_every >= 0):
+      raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
+                       f'>= 0; got {self.prior}, {self.decay}, {self.prior_weight}, '
+                       f'{self.probe_every}')
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
     if self.ks[-1] > max_draft_tokens:
@@ -113,13 +126,20 @@ class CostModel:
     return self.ks
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
-    return CostModelState(jnp.full((batch_size, max_draft_tokens), self.prior, jnp.float32),
-                          jnp.int32(0))
+    zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
+    return CostModelState(zeros, zeros, jnp.int32(0))
+
+  def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
+    """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts."""
+    w, a = self.prior_weight, active[:, None]
+    batch = ((jnp.sum(jnp.where(a, state.accepted, 0), 0) + w * self.prior) /
+             (jnp.sum(jnp.where(a, state.reached, 0), 0) + w))
+    return (state.accepted + w * batch) / (state.reached + w), batch
 
   def expected_tokens(self, state: CostModelState, active) -> jax.Array:
-    """Expected tokens committed by one round at each K of `ks`, summed over active rows: `[len(ks)]`
-    float32."""
-    reach = jnp.cumprod(state.alpha, axis=1)  # P(drafted token i is accepted, and all before it)
+    """Expected tokens committed by one round at each K of `ks`, summed over active rows:
+    `[len(ks)]` float32."""
+    reach = jnp.cumprod(self.rates(state, active)[0], axis=1)  # P(token i and all before accepted)
     per_k = 1 + jnp.pad(jnp.cumsum(reach, axis=1), ((0, 0), (1, 0)))  # [B, K+1], E at K = 0..
     return jnp.sum(jnp.where(active[:, None], per_k[:, np.array(self.ks)], 0.0), axis=0)
 
@@ -134,18 +154,22 @@ class CostModel:
 
   def update(self, state: CostModelState, before: Metrics, after: Metrics, active):
     reached, accepted = _round_outcome(before, after)
-    alpha = jnp.where(reached > 0, (1 - self.decay) * state.alpha + self.decay * accepted,
-                      state.alpha)
+    seen, keep = reached > 0, 1 - self.decay
     drafted = jnp.any(after.drafted > before.drafted)
-    return CostModelState(alpha, jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
+    return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
+                          jnp.where(seen, keep * state.accepted + accepted, state.accepted),
+                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
 
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
-                        target, draft, config: loop.DecodeConfig, ks, rounds: int = 4,
-                        repeats: int = 3) -> tuple[float, ...]:
+                        target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
+                        repeats: int = 5) -> tuple[float, ...]:
   """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
   devices that decoding will use): for each K, `rounds` rounds of `speculative_step` run in one
-  compiled loop from the prefilled state, the best of `repeats` (after one warm-up run).
+  compiled loop from the prefilled state. The Ks are timed in turn, `repeats` times after one
+  warm-up (so a burst of load on a shared machine hits them alike), and the best time is kept;
+  a K's cost is then raised to the largest cost of the smaller Ks (a round with more drafted
+  tokens does strictly more work, so a lower time is noise).
 
   Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size).
   Returns:
@@ -161,16 +185,33 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
                                      prompt_lengths, seeds, target=target, draft=draft,
                                      config=config)
   state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
-  costs = []
-  for k in ks:
+
+  def program(k):
     kw = dict(statics, config=dataclasses.replace(config, num_draft_tokens=k))
-    run = jax.jit(lambda s, tp, dp, kw=kw: jax.lax.fori_loop(
+    return jax.jit(lambda s, tp, dp: jax.lax.fori_loop(
         0, rounds, lambda _, s: loop.speculative_step(s, tp, dp, **kw), s).tokens)
-    jax.block_until_ready(run(state, target_params, draft_params))
-    best = float('inf')
-    for _ in range(repeats):
+
+  programs = [program(k) for k in ks]
+  best = [float('inf')] * len(ks)
+  for rep in range(repeats + 1):
+    for i, run in enumerate(programs):
       t0 = time.perf_counter()
       jax.block_until_ready(run(state, target_params, draft_params))
-      best = min(best, time.perf_counter() - t0)
-    costs.append(best / rounds)
-  return tuple(costs)
+      if rep:  # the first pass compiles and warms up
+        best[i] = min(best[i], (time.perf_counter() - t0) / rounds)
+  order = np.argsort(ks)
+  best = np.asarray(best)
+  best[order] = np.maximum.accumulate(best[order])
+  return tuple(float(c) for c in best)
+
+
+def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
+                        target, draft, config: loop.DecodeConfig, ks=None,
+                        **cost_model_kwargs) -> CostModel:
+  """A `CostModel` over `ks` (default 0..num_draft_tokens) with round costs measured here
+  (`measure_round_costs`) on these prompts; the rest of `CostModel`'s settings as keywords.
+  Raises what `measure_round_costs` and `CostModel` raise."""
+  ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
+  costs = measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds,
+                              target=target, draft=draft, config=config, ks=ks)
+  return CostModel(ks=ks, round_seconds=costs, **cost_model_kwargs)

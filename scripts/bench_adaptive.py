@@ -1,0 +1,195 @@
+"""Adaptive K against every fixed K, one run: plain decoding, each fixed K, transformers'
+heuristic schedule and `auto` (`jaxspec.CostModel` with round costs measured at start-up), per
+draft, prompt kind (dev chat / grounded), temperature and batch size; tokens/s side by side.
+
+At batch 1 every prompt is decoded alone (all padded to one bucket, so a configuration compiles
+once); at batch B the kind's prompts are repeated to fill B rows (distinct seeds) in one call.
+Compile time and the cost measurement are reported apart, never inside tokens/s. At temperature
+0 every configuration must reproduce plain greedy tokens (checked). Writes `<out>/adaptive.json`
+and `<out>/adaptive.md`.
+
+  .venv/bin/python scripts/bench_adaptive.py --quick
+  .venv/bin/python scripts/bench_adaptive.py --batch-sizes 1,16,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+import jaxspec as js
+from models import loading, tokenizer as tok_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRAFTS = ','.join(['ngram', os.path.join(ROOT, 'drafts', 'smollm2_exit'),
+                   os.path.join(ROOT, 'drafts', 'smollm2_eagle')])
+
+
+def _ints(text):
+  return [int(x) for x in text.split(',') if x]
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--model', help='target checkpoint; default: SmolLM2-135M-Instruct')
+  p.add_argument('--drafts', default=DRAFTS, help='comma-separated draft specs (decode.py --draft)')
+  p.add_argument('--prompts', default=os.path.join(ROOT, '..', 'shared', 'prompts', 'dev.jsonl'))
+  p.add_argument('--kinds', default='chat,grounded')
+  p.add_argument('--num-prompts', type=int, default=4, help='prompts per kind')
+  p.add_argument('--max-new-tokens', type=int, default=64)
+  p.add_argument('--num-draft-tokens', type=_ints, default=[1, 2, 3, 4], help='the fixed Ks')
+  p.add_argument('--max-draft-tokens', type=int, default=4, help='the largest K auto may pick')
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--batch-sizes', type=_ints, default=[1])
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
+  p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'adaptive'))
+  args = p.parse_args()
+  if args.quick:
+    args.drafts, args.num_prompts, args.max_new_tokens = 'ngram', 2, 32
+  if args.num_prompts < 1 or args.max_new_tokens < 1 or args.max_draft_tokens < 1:
+    p.error('--num-prompts, --max-new-tokens and --max-draft-tokens must be >= 1')
+  if not all(1 <= k <= args.max_draft_tokens for k in args.num_draft_tokens):
+    p.error(f'--num-draft-tokens must lie in [1, --max-draft-tokens={args.max_draft_tokens}]')
+  if not os.path.isfile(args.prompts):
+    p.error(f'--prompts: no file {args.prompts}')
+  return args
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - t0
+
+
+class Bench:
+  """Runs one configuration over one batch set: compile once, then time the decode."""
+
+  def __init__(self, target, target_params, eos_id, max_new_tokens):
+    self.target, self.params, self.eos_id, self.max_new = target, target_params, eos_id, max_new_tokens
+
+  def config(self, k, sampling, **kw):
+    return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=self.max_new, sampling=sampling,
+                           eos_id=self.eos_id, pad_id=self.eos_id, **kw)
+
+  def run(self, batches, draft, draft_params, config):
+    """batches: list of (tokens [B,P], lengths [B], seeds [B]) -> dict of results."""
+    compiled, compile_s = _timed(lambda: js.compile_generate(
+        self.params, draft_params, *batches[0], target=self.target, draft=draft, config=config))
+    outs, seconds = [], 0.0
+    for tokens, lengths, seeds in batches:
+      out, s = _timed(lambda: _block(compiled(self.params, draft_params, tokens, lengths,
+                                              js.row_keys(seeds))))
+      outs.append(out)
+      seconds += s
+    metrics = [js.summarize(o.metrics) for o in outs]
+    new = sum(m['new_tokens'] for m in metrics)
+    drafted, accepted = (sum(m[key] for m in metrics) for key in ('drafted_tokens',
+                                                                   'accepted_tokens'))
+    rounds = np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist()
+    return {'tok_s': new / seconds, 'seconds': seconds, 'compile_s': compile_s,
+            'new_tokens': new, 'acceptance': accepted / drafted if drafted else 0.0,
+            'rounds_by_k': rounds, 'tokens': [t for o in outs for t in o.new_tokens()]}
+
+
+def _block(out):
+  out.tokens.block_until_ready()
+  return out
+
+
+def _batches(prompt_ids, batch_size, seed, pad_id):
+  """Batch 1: one batch per prompt; else one batch of `batch_size` rows cycling the prompts."""
+  width = max(len(p) for p in prompt_ids)
+  bucket = -(-width // 64) * 64
+  pad = lambda rows: js.pad_prompts(rows, pad_id=pad_id, bucket=bucket)
+  if batch_size == 1:
+    return [(*pad([p]), np.array([seed + i])) for i, p in enumerate(prompt_ids)]
+  rows = [prompt_ids[i % len(prompt_ids)] for i in range(batch_size)]
+  return [(*pad(rows), seed + np.arange(batch_size))]
+
+
+def main():
+  args = _parse()
+  config, target_params, gguf = loading.load_model(args.model)
+  tok = tok_lib.load_tokenizer(gguf)
+  bench = Bench(loading.forward_for(config), target_params, tok.chat_eos_id, args.max_new_tokens)
+  with open(args.prompts, encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  drafts = {spec: loading.load_draft(spec, config, target_params, target_tokenizer=tok)
+            for spec in args.drafts.split(',')}
+  results = []
+  for kind in args.kinds.split(','):
+    ids = [tok.encode_chat(r['prompt']) for r in rows if r['kind'] == kind][:args.num_prompts]
+    for b in args.batch_sizes:
+      batches = _batches(ids, b, args.seed, tok.chat_eos_id)
+      for temperature in (float(t) for t in args.temperatures.split(',')):
+        sampling = js.SamplingConfig(temperature=temperature)
+        cell = dict(kind=kind, batch_size=b, temperature=temperature)
+        plain = bench.run(batches, None, None, bench.config(0, sampling))
+        results.append({**cell, 'draft': 'plain', 'method': 'plain', **plain})
+        print(f'{kind} B={b} T={temperature} plain {plain["tok_s"]:.1f} tok/s', flush=True)
+        for spec, (draft, dp) in drafts.items():
+          name = os.path.basename(spec)
+          methods = {f'K={k}': bench.config(k, sampling) for k in args.num_draft_tokens}
+          methods['heuristic'] = bench.config(args.max_draft_tokens, sampling,
+                                              schedule=js.Heuristic())
+          full = bench.config(args.max_draft_tokens, sampling)
+          model, measure_s = _timed(lambda: js.measured_cost_model(
+              target_params, dp, *batches[0], target=bench.target, draft=draft, config=full))
+          methods['auto'] = bench.config(args.max_draft_tokens, sampling, schedule=model)
+          for method, cfg in methods.items():
+            r = bench.run(batches, draft, dp, cfg)
+            r['speedup'] = r['tok_s'] / plain['tok_s']
+            if temperature == 0:
+              r['identical'] = r['tokens'] == plain['tokens']
+            if method == 'auto':
+              r['measure_s'], r['round_ms'] = measure_s, [1e3 * c for c in model.round_seconds]
+            results.append({**cell, 'draft': name, 'method': method, **r})
+            print(f'  {name} {method}: {r["tok_s"]:.1f} tok/s x{r["speedup"]:.2f} accept '
+                  f'{r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}', flush=True)
+  os.makedirs(args.out, exist_ok=True)
+  for r in results:
+    r.pop('tokens')
+  with open(os.path.join(args.out, 'adaptive.json'), 'w', encoding='utf-8') as f:
+    json.dump({'args': vars(args), 'results': results}, f, indent=1)
+  table = _table(results)
+  with open(os.path.join(args.out, 'adaptive.md'), 'w', encoding='utf-8') as f:
+    f.write(table)
+  print(table)
+
+
+def _table(results):
+  """Per (kind, batch, temperature, draft): tok/s and x plain of each method, the best fixed K,
+  auto's ratio to the best of plain and fixed K, and auto's K histogram."""
+  lines = ['| kind | B | T | draft | plain tok/s | ' + ' | '.join(
+      m for m in _methods(results)) + ' | best fixed | auto / max(plain, best fixed) | auto K '
+           'rounds (K=0..) | identical |', '']
+  lines[1] = '|' + '---|' * (lines[0].count('|') - 1)
+  cells = {}
+  for r in results:
+    cells.setdefault((r['kind'], r['batch_size'], r['temperature']), []).append(r)
+  for (kind, b, t), rs in cells.items():
+    plain = next(r for r in rs if r['method'] == 'plain')
+    for draft in dict.fromkeys(r['draft'] for r in rs if r['draft'] != 'plain'):
+      by = {r['method']: r for r in rs if r['draft'] == draft}
+      fixed = {m: r for m, r in by.items() if m.startswith('K=')}
+      best = max(fixed, key=lambda m: fixed[m]['tok_s'])
+      ref = max(plain['tok_s'], fixed[best]['tok_s'])
+      same = all(r.get('identical', True) for r in by.values())
+      lines.append(f'| {kind} | {b} | {t:g} | {draft} | {plain["tok_s"]:.1f} | ' + ' | '.join(
+          f'{by[m]["tok_s"]:.1f} (x{by[m]["speedup"]:.2f})' for m in _methods(results)) +
+                   f' | {best} | {by["auto"]["tok_s"] / ref:.2f} | {by["auto"]["rounds_by_k"]} | '
+                   f'{"yes" if t == 0 and same else ("NO" if t == 0 else "-")} |')
+  return '\n'.join(lines) + '\n'
+
+
+def _methods(results):
+  return list(dict.fromkeys(r['method'] for r in results if r['method'] != 'plain'))
+
+
+if __name__ == '__main__':
+  main()
