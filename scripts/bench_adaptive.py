@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import jaxspec as js
+from jaxspec import speedup
 from models import loading, tokenizer as tok_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +44,9 @@ def _parse():
   p.add_argument('--max-new-tokens', type=int, default=64)
   p.add_argument('--num-draft-tokens', type=_ints, default=[1, 2, 3, 4], help='the fixed Ks')
   p.add_argument('--max-draft-tokens', type=int, default=4, help='the largest K auto may pick')
-  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--temperatures', type=lambda t: [float(x) for x in t.split(',')],
+                 default=[0.0, 1.0])
+  p.add_argument('--repeats', type=int, default=2, help='timed runs per configuration (best)')
   p.add_argument('--batch-sizes', type=_ints, default=[1])
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
@@ -51,8 +54,8 @@ def _parse():
   args = p.parse_args()
   if args.quick:
     args.drafts, args.num_prompts, args.max_new_tokens = 'ngram', 2, 32
-  if args.num_prompts < 1 or args.max_new_tokens < 1 or args.max_draft_tokens < 1:
-    p.error('--num-prompts, --max-new-tokens and --max-draft-tokens must be >= 1')
+  if min(args.num_prompts, args.max_new_tokens, args.max_draft_tokens, args.repeats) < 1:
+    p.error('--num-prompts, --max-new-tokens, --max-draft-tokens and --repeats must be >= 1')
   if not all(1 <= k <= args.max_draft_tokens for k in args.num_draft_tokens):
     p.error(f'--num-draft-tokens must lie in [1, --max-draft-tokens={args.max_draft_tokens}]')
   if not os.path.isfile(args.prompts):
@@ -67,33 +70,49 @@ def _timed(fn):
 
 
 class Bench:
-  """Runs one configuration over one batch set: compile once, then time the decode."""
+  """Compiles configurations, then times them interleaved over the same batches."""
 
   def __init__(self, target, target_params, eos_id, max_new_tokens):
-    self.target, self.params, self.eos_id, self.max_new = target, target_params, eos_id, max_new_tokens
+    self.target, self.params, self.eos_id = target, target_params, eos_id
+    self.max_new = max_new_tokens
 
   def config(self, k, sampling, **kw):
     return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=self.max_new, sampling=sampling,
                            eos_id=self.eos_id, pad_id=self.eos_id, **kw)
 
-  def run(self, batches, draft, draft_params, config):
-    """batches: list of (tokens [B,P], lengths [B], seeds [B]) -> dict of results."""
-    compiled, compile_s = _timed(lambda: js.compile_generate(
-        self.params, draft_params, *batches[0], target=self.target, draft=draft, config=config))
-    outs, seconds = [], 0.0
-    for tokens, lengths, seeds in batches:
-      out, s = _timed(lambda: _block(compiled(self.params, draft_params, tokens, lengths,
-                                              js.row_keys(seeds))))
-      outs.append(out)
-      seconds += s
-    metrics = [js.summarize(o.metrics) for o in outs]
-    new = sum(m['new_tokens'] for m in metrics)
-    drafted, accepted = (sum(m[key] for m in metrics) for key in ('drafted_tokens',
-                                                                   'accepted_tokens'))
-    rounds = np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist()
-    return {'tok_s': new / seconds, 'seconds': seconds, 'compile_s': compile_s,
-            'new_tokens': new, 'acceptance': accepted / drafted if drafted else 0.0,
-            'rounds_by_k': rounds, 'tokens': [t for o in outs for t in o.new_tokens()]}
+  def run(self, batches, methods, repeats):
+    """batches: (tokens [B,P], lengths [B], seeds [B]) each; methods: name -> (draft,
+    draft_params, config). Every repeat runs every method on every batch in turn (a burst of
+    load on a shared machine hits all alike); a method's time on a batch is its best."""
+    compiled = {}
+    for name, (draft, dp, config) in methods.items():
+      compiled[name] = _timed(lambda: js.compile_generate(
+          self.params, dp, *batches[0], target=self.target, draft=draft, config=config))
+    best = {name: [float('inf')] * len(batches) for name in methods}
+    outs = {name: [None] * len(batches) for name in methods}
+    for _ in range(repeats):
+      for i, (tokens, lengths, seeds) in enumerate(batches):
+        for name, (draft, dp, _) in methods.items():
+          out, s = _timed(lambda: _block(compiled[name][0](self.params, dp, tokens, lengths,
+                                                           js.row_keys(seeds))))
+          best[name][i], outs[name][i] = min(best[name][i], s), out
+    return {name: _summary(outs[name], sum(best[name]), compiled[name][1]) for name in methods}
+
+
+def _summary(outs, seconds, compile_s):
+  metrics = [js.summarize(o.metrics) for o in outs]
+  total = lambda key: sum(m[key] for m in metrics)
+  reached, accepted = (sum(np.asarray(getattr(o.metrics, f)).sum(0) for o in outs)
+                       for f in ('position_reached', 'position_accepted'))
+  return {'tok_s': total('new_tokens') / seconds, 'seconds': seconds, 'compile_s': compile_s,
+          'new_tokens': total('new_tokens'),
+          'acceptance': (total('accepted_tokens') / total('drafted_tokens')
+                         if total('drafted_tokens') else 0.0),
+          'tokens_per_pass': total('new_tokens') / total('target_forward_passes'),
+          'position_acceptance': [round(float(x / n), 3) if n else None
+                                  for x, n in zip(accepted, reached)],
+          'rounds_by_k': np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist(),
+          'tokens': [t for o in outs for t in o.new_tokens()]}
 
 
 def _block(out):
@@ -126,31 +145,37 @@ def main():
     ids = [tok.encode_chat(r['prompt']) for r in rows if r['kind'] == kind][:args.num_prompts]
     for b in args.batch_sizes:
       batches = _batches(ids, b, args.seed, tok.chat_eos_id)
-      for temperature in (float(t) for t in args.temperatures.split(',')):
+      for temperature in args.temperatures:
         sampling = js.SamplingConfig(temperature=temperature)
-        cell = dict(kind=kind, batch_size=b, temperature=temperature)
-        plain = bench.run(batches, None, None, bench.config(0, sampling))
-        results.append({**cell, 'draft': 'plain', 'method': 'plain', **plain})
-        print(f'{kind} B={b} T={temperature} plain {plain["tok_s"]:.1f} tok/s', flush=True)
+        methods, measured = {'plain': (None, None, bench.config(0, sampling))}, {}
         for spec, (draft, dp) in drafts.items():
           name = os.path.basename(spec)
-          methods = {f'K={k}': bench.config(k, sampling) for k in args.num_draft_tokens}
-          methods['heuristic'] = bench.config(args.max_draft_tokens, sampling,
-                                              schedule=js.Heuristic())
+          for k in args.num_draft_tokens:
+            methods[f'{name} K={k}'] = (draft, dp, bench.config(k, sampling))
+          if b == 1:
+            methods[f'{name} heuristic'] = (draft, dp, bench.config(
+                args.max_draft_tokens, sampling, schedule=js.Heuristic()))
           full = bench.config(args.max_draft_tokens, sampling)
           model, measure_s = _timed(lambda: js.measured_cost_model(
               target_params, dp, *batches[0], target=bench.target, draft=draft, config=full))
-          methods['auto'] = bench.config(args.max_draft_tokens, sampling, schedule=model)
-          for method, cfg in methods.items():
-            r = bench.run(batches, draft, dp, cfg)
-            r['speedup'] = r['tok_s'] / plain['tok_s']
-            if temperature == 0:
-              r['identical'] = r['tokens'] == plain['tokens']
-            if method == 'auto':
-              r['measure_s'], r['round_ms'] = measure_s, [1e3 * c for c in model.round_seconds]
-            results.append({**cell, 'draft': name, 'method': method, **r})
-            print(f'  {name} {method}: {r["tok_s"]:.1f} tok/s x{r["speedup"]:.2f} accept '
-                  f'{r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}', flush=True)
+          measured[name] = (measure_s, [1e3 * c for c in model.round_seconds])
+          methods[f'{name} auto'] = (draft, dp, bench.config(args.max_draft_tokens, sampling,
+                                                             schedule=model))
+        runs = bench.run(batches, methods, args.repeats)
+        plain = runs['plain']
+        for method, r in runs.items():
+          draft_name, _, how = method.partition(' ')
+          r['speedup'] = r['tok_s'] / plain['tok_s']
+          if temperature == 0:
+            r['identical'] = r['tokens'] == plain['tokens']
+          if how == 'auto':
+            r['measure_s'], r['round_ms'] = measured[draft_name]
+          results.append(dict(kind=kind, batch_size=b, temperature=temperature,
+                              draft=draft_name, method=how or 'plain', **r))
+          print(f'{kind} B={b} T={temperature:g} {method}: {r["tok_s"]:.1f} tok/s '
+                f'x{r["speedup"]:.2f} accept {r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}'
+                + (f' round ms {[round(c, 1) for c in r["round_ms"]]}' if how == 'auto' else ''),
+                flush=True)
   os.makedirs(args.out, exist_ok=True)
   for r in results:
     r.pop('tokens')
@@ -164,31 +189,44 @@ def main():
 
 def _table(results):
   """Per (kind, batch, temperature, draft): tok/s and x plain of each method, the best fixed K,
-  auto's ratio to the best of plain and fixed K, and auto's K histogram."""
-  lines = ['| kind | B | T | draft | plain tok/s | ' + ' | '.join(
-      m for m in _methods(results)) + ' | best fixed | auto / max(plain, best fixed) | auto K '
-           'rounds (K=0..) | identical |', '']
-  lines[1] = '|' + '---|' * (lines[0].count('|') - 1)
+  auto's ratio to the better of plain and the best fixed K, auto's K per round (histogram over
+  K = 0..), acceptance at K=1 and under auto, and greedy identity."""
+  methods = list(dict.fromkeys(r['method'] for r in results if r['method'] != 'plain'))
+  head = (['kind', 'B', 'T', 'draft', 'plain tok/s'] + methods +
+          ['best fixed', 'auto / max(plain, best fixed)', 'auto rounds by K', 'accept K=1 / auto',
+           'Thm 3.8 best K (x predicted)', 'identical'])
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   cells = {}
   for r in results:
     cells.setdefault((r['kind'], r['batch_size'], r['temperature']), []).append(r)
   for (kind, b, t), rs in cells.items():
     plain = next(r for r in rs if r['method'] == 'plain')
-    for draft in dict.fromkeys(r['draft'] for r in rs if r['draft'] != 'plain'):
+    for draft in dict.fromkeys(r['draft'] for r in rs if r['method'] != 'plain'):
       by = {r['method']: r for r in rs if r['draft'] == draft}
       fixed = {m: r for m, r in by.items() if m.startswith('K=')}
       best = max(fixed, key=lambda m: fixed[m]['tok_s'])
       ref = max(plain['tok_s'], fixed[best]['tok_s'])
       same = all(r.get('identical', True) for r in by.values())
-      lines.append(f'| {kind} | {b} | {t:g} | {draft} | {plain["tok_s"]:.1f} | ' + ' | '.join(
-          f'{by[m]["tok_s"]:.1f} (x{by[m]["speedup"]:.2f})' for m in _methods(results)) +
-                   f' | {best} | {by["auto"]["tok_s"] / ref:.2f} | {by["auto"]["rounds_by_k"]} | '
-                   f'{"yes" if t == 0 and same else ("NO" if t == 0 else "-")} |')
+      row = [kind, str(b), f'{t:g}', draft, f'{plain["tok_s"]:.1f}']
+      row += [f'{by[m]["tok_s"]:.1f} (x{by[m]["speedup"]:.2f})' if m in by else '-'
+              for m in methods]
+      row += [best, f'{by["auto"]["tok_s"] / ref:.2f}', str(by['auto']['rounds_by_k']),
+              f'{by["K=1"]["acceptance"]:.2f} / {by["auto"]["acceptance"]:.2f}' if 'K=1' in by
+              else '-', _predicted(by), ('yes' if same else 'NO') if t == 0 else '-']
+      lines.append('| ' + ' | '.join(row) + ' |')
   return '\n'.join(lines) + '\n'
 
 
-def _methods(results):
-  return list(dict.fromkeys(r['method'] for r in results if r['method'] != 'plain'))
+def _predicted(by):
+  """Leviathan et al. Theorem 3.8 with measured costs: alpha from the K=1 run's acceptance, the
+  round cost of each K from auto's start-up measurement; the best K (0 = plain) and its
+  predicted speedup E(alpha, K) * cost(0) / cost(K)."""
+  if 'K=1' not in by or 'auto' not in by:
+    return '-'
+  alpha, cost = by['K=1']['acceptance'], by['auto']['round_ms']
+  pred = [speedup.expected_tokens(alpha, k) * cost[0] / c for k, c in enumerate(cost)]
+  k = int(np.argmax(pred))
+  return f'{k} (x{pred[k]:.2f})'
 
 
 if __name__ == '__main__':
