@@ -33,27 +33,45 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jaxspec as js  # pylint: disable=g-import-not-at-top
-from jaxspec import bench, bench_rounds  # pylint: disable=g-import-not-at-top
+from jaxspec import bench, bench_rounds, operations  # pylint: disable=g-import-not-at-top
 from models import cli, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
 
 ROOT = cli.ROOT
 DRAFTS = ('ngram', 'exit_untrained', 'exit_trained', 'small', 'eagle')
 PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
+# Per mode, the defaults of the flags left unset: {quick: {flag: value}}.
+MODES = {
+    'speed': {False: dict(max_new_tokens=128, num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8],
+                          temperatures=[0.0, 1.0]),
+              True: dict(max_new_tokens=48, num_draft_tokens=[3], temperatures=[0.0],
+                         num_prompts=4)},
+    'operations': {False: dict(max_new_tokens=64, num_draft_tokens=[3], temperatures=[0.0],
+                               batch_sizes=[1, 2, 4, 8, 16, 32]),
+                   True: dict(max_new_tokens=32, num_draft_tokens=[3], temperatures=[0.0],
+                              batch_sizes=[1, 4, 16])},
+}
 
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--mode', choices=tuple(MODES), default='speed',
+                 help='speed: batch 1, every draft and K, with the round breakdown and Theorem '
+                 '3.8;\noperations: batch sizes 1..32, latency, throughput, memory, target work')
   p.add_argument('--quick', action='store_true',
-                 help='K=3, 4 prompts (unless --num-prompts), 48 new tokens')
+                 help='speed: K=3, T=0, 4 prompts (unless --num-prompts), 48 new tokens;\n'
+                 'operations: batch sizes 1,4,16, 32 new tokens')
   cli.add_model_flags(p, dtype=False)
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
   p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
                  help=f'comma-separated, from {",".join(PROMPT_KINDS)}')
-  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
-  p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default='1,2,3,4,5,6,7,8',
-                 help='comma-separated list of K')
-  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default='0,1',
-                 help='comma-separated list')
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=None,
+                 help='default: speed 128 (quick 48), operations 64 (quick 32)')
+  p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=None,
+                 help='comma-separated list of K; default: speed 1,...,8 (quick 3), operations 3')
+  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=None,
+                 help='comma-separated list; default: speed 0,1 (quick 0), operations 0')
+  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=None,
+                 help='operations: comma-separated; default 1,2,4,8,16,32 (quick 1,4,16)')
   p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=','.join(DRAFTS),
                  help=f'comma-separated, from {",".join(DRAFTS)}')
   p.add_argument('--untrained-exit-layer', type=cli.positive_int, default=8,
@@ -69,9 +87,9 @@ def _parse(argv=None):
   p.add_argument('--out', default='runs/benchmark')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
-  if args.quick:
-    args.num_draft_tokens, args.num_prompts = [3], args.num_prompts or 4
-    args.max_new_tokens = 48
+  for name, value in MODES[args.mode][args.quick].items():
+    if getattr(args, name) in (None, 0):
+      setattr(args, name, value)
   return args
 
 
@@ -202,10 +220,16 @@ def main(argv=None):
   rows = prompt_files.select(prompt_files.read_rows(args.prompts_file), args.prompt_kinds,
                              args.num_prompts)
   prompt_ids = [tok.encode_chat(r['prompt']) for r in rows]
+  drafts = _build_drafts(args, config, params)
+  run = _speed if args.mode == 'speed' else _operations
+  run(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path)
+
+
+def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path):
+  """The speed mode: batch 1, every draft, K and temperature; the round breakdown."""
   prompts = js.pad_prompts(prompt_ids, tok.pad_id, bucket=64)
   kinds = [r['kind'] for r in rows]
   ks, temps = args.num_draft_tokens, args.temperatures
-  drafts = _build_drafts(args, config, params)
   print(f'{len(rows)} prompts (padded to {prompts[0].shape[1]} tokens), '
         f'{args.max_new_tokens} new tokens, K in {ks}, T in {temps}, drafts {list(drafts)}')
   results, plain = [], {}
@@ -268,6 +292,100 @@ def main(argv=None):
     _plots(results, args)
   print(f'wrote {args.out}/benchmark.json, results.md'
         + (', speedup_vs_k.png, accepted_length_hist.png' if plots else ''))
+
+
+
+def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path):
+  """The operations mode: every batch size, plain and each draft (`jaxspec.operations`)."""
+  del gguf_path
+  tokens, lengths = js.pad_prompts(prompt_ids, tok.pad_id, bucket=64)  # one P for every batch
+  k, temp = args.num_draft_tokens[0], args.temperatures[0]
+  print(f'operations: {len(rows)} prompts cycled into batches {args.batch_sizes} (padded to '
+        f'{tokens.shape[1]} tokens), {args.max_new_tokens} new tokens, K={k}, T={temp:g}, '
+        f'drafts {list(drafts)}', flush=True)
+  results = []
+  for b in args.batch_sizes:
+    idx = np.arange(b) % len(rows)
+    for name, (draft, dparams) in [('plain', (None, None)), *drafts.items()]:
+      config = js.DecodeConfig(num_draft_tokens=0 if draft is None else k,
+                               max_new_tokens=args.max_new_tokens,
+                               sampling=js.SamplingConfig(temperature=temp),
+                               eos_id=tok.eos_id, pad_id=tok.pad_id)
+      r = operations.measure(params, dparams, tokens[idx], lengths[idx],
+                             args.seed * 1000 + np.arange(b), target=target, draft=draft,
+                             config=config)
+      results.append(dict(method=name, temperature=temp, **r))
+      print(f"B={b} {name}: {r['tokens_per_s']:.1f} tok/s, TTFT {1e3 * r['ttft_s']:.0f} ms, "
+            f"TPOT {1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
+  operations.add_relative(results)
+  stops = operations.stops_paying(results)
+  text = '\n\n'.join([f'command: {" ".join(sys.argv)}', _ops_table(results),
+                       _stops_text(stops, args.batch_sizes)])
+  print(text)
+  with open(os.path.join(args.out, 'operations.md'), 'w', encoding='utf-8') as f:
+    f.write(text + '\n')
+  with open(os.path.join(args.out, 'operations.json'), 'w', encoding='utf-8') as f:
+    json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
+                   stops_paying=stops, devices=[str(d) for d in jax.devices()]), f, indent=1)
+  if plots:
+    _ops_plots(results, args)
+  print(f'wrote {args.out}/operations.json, operations.md'
+        + (', latency_vs_throughput.png, speedup_vs_batch.png' if plots else ''))
+
+
+def _ops_table(results):
+  mb = lambda r, part: r['memory'][part] / 2**20
+  lines = ['| method | B | TTFT ms | TPOT ms | tok/s | x plain tok/s | x plain TPOT | target work '
+           'x plain | accept | target params MB | draft params MB | target KV MB | draft state '
+           'MB | prefill ms | compile s |', '|---' * 15 + '|']
+  for r in results:
+    lines.append(
+        f"| {r['method']} | {r['batch_size']} | {1e3 * r['ttft_s']:.0f} | "
+        f"{1e3 * r['tpot_s']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f} | "
+        f"{r['latency_speedup']:.2f} | {r['target_work_vs_plain']:.2f} | "
+        f"{r['acceptance_rate']:.3f} | {mb(r, 'target_params'):.0f} | "
+        f"{mb(r, 'draft_params'):.1f} | {mb(r, 'target_kv_cache'):.1f} | "
+        f"{mb(r, 'draft_state'):.1f} | {1e3 * r['prefill_s']:.0f} | {r['compile_s']:.1f} |")
+  return '\n'.join(lines)
+
+
+def _stops_text(stops, batch_sizes):
+  lines = ['where speculation stops paying (throughput below plain decoding from this batch '
+           'size on):']
+  for name, b in stops.items():
+    lines.append(f'- {name}: ' + (f'pays up to the largest batch measured ({max(batch_sizes)})'
+                                  if b is None else
+                                  'never pays' if b == min(batch_sizes) else f'B = {b}'))
+  return '\n'.join(lines)
+
+
+def _ops_plots(results, args):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  methods = sorted({r['method'] for r in results}, key=lambda m: (m != 'plain', m))
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name in methods:
+    rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
+    ax.plot([r['tokens_per_s'] for r in rows], [1e3 * r['tpot_s'] for r in rows], 'o-',
+            label=name)
+    for r in rows:
+      ax.annotate(str(r['batch_size']), (r['tokens_per_s'], 1e3 * r['tpot_s']), fontsize=7)
+  ax.set(title='latency vs throughput (labels: batch size)', xlabel='tokens/s (batch)',
+         ylabel='time per output token (ms)')
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, 'latency_vs_throughput.png'), dpi=120)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name in methods[1:]:
+    rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
+    ax.plot([r['batch_size'] for r in rows], [r['speedup'] for r in rows], 'o-', label=name)
+  ax.axhline(1.0, color='gray', lw=0.8)
+  ax.set(title='speedup vs batch size', xlabel='batch size', xscale='log',
+         ylabel='throughput / plain throughput')
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, 'speedup_vs_batch.png'), dpi=120)
 
 
 if __name__ == '__main__':
