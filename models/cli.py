@@ -24,46 +24,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ('float32', 'bfloat16')
 
 
+def _number(text: str, cast, ok, what: str):
+  try:
+    value = cast(text)
+  except ValueError:
+    value = None
+  if value is None or not ok(value):
+    raise argparse.ArgumentTypeError(f'must be {what}, got {text!r}')
+  return value
+
+
 def positive_int(text: str) -> int:
   """An integer >= 1."""
-  return _int_at_least(text, 1)
+  return _number(text, int, lambda v: v >= 1, 'an integer >= 1')
 
 
 def nonnegative_int(text: str) -> int:
   """An integer >= 0."""
-  return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    value = low - 1
-  if value < low:
-    raise argparse.ArgumentTypeError(f'must be an integer >= {low}, got {text!r}')
-  return value
+  return _number(text, int, lambda v: v >= 0, 'an integer >= 0')
 
 
 def nonnegative_float(text: str) -> float:
   """A finite float >= 0."""
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if not 0 <= value < float('inf'):
-    raise argparse.ArgumentTypeError(f'must be a number >= 0, got {text!r}')
-  return value
+  return _number(text, float, lambda v: 0 <= v < float('inf'), 'a number >= 0')
 
 
 def fraction(text: str) -> float:
   """A float in (0, 1]."""
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if not 0 < value <= 1:
-    raise argparse.ArgumentTypeError(f'must be a number in (0, 1], got {text!r}')
-  return value
+  return _number(text, float, lambda v: 0 < v <= 1, 'a number in (0, 1]')
 
 
 def list_of(item_type):

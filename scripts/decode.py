@@ -55,6 +55,10 @@ def parse_args(argv=None):
   p.add_argument('--compare', action='store_true',
                  help='also run plain decoding with the same settings and report the speedup')
   p.add_argument('--json', action='store_true', help='print one JSON object')
+  p.add_argument('--stream', action='store_true',
+                 help='one prompt: print the answer as its tokens are committed (the '
+                 'generate_steps twin: its speed includes a dispatch per round, and its compile '
+                 'seconds the first round)')
   p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
   p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='prompt lengths are padded to this')
@@ -114,6 +118,9 @@ def main(argv=None):
   args = parse_args(argv)
   sampling = js.SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
   prompts, seeds = read_prompts(args)
+  if args.stream and (len(prompts) != 1 or args.json):
+    raise ValueError(f'--stream takes one prompt and no --json (got {len(prompts)} prompt(s)'
+                     + (', --json)' if args.json else ')'))
   verifier = None if args.temperature == 0 else args.verifier
   if verifier is not None and verifier.lossy:
     print(f'warning: --verifier {_verifier_name(verifier)}: a relaxed rule; the output does NOT '
@@ -147,6 +154,8 @@ def main(argv=None):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                          sampling=sampling, verifier=verifier, eos_id=eos_id,
                          pad_id=tok.pad_id, context_length=config.context_length)
+    if args.stream and draft_obj is not None:
+      return stream(draft_obj, dparams, dc)
     _say(f'compiling {what}')
     start = time.perf_counter()
     compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
@@ -159,6 +168,29 @@ def main(argv=None):
     summary.update(tokens_per_second=summary['new_tokens'] / run_s, seconds=run_s,
                    compile_seconds=compile_s)
     summary['finish_reasons'] = out.finish_reasons()
+    return out.new_tokens(), summary
+
+  def stream(draft_obj, dparams, dc):
+    """The prompt decoded round by round (`generate_steps`), its text printed as it commits;
+    a trailing partial character waits for its next bytes."""
+    _say(f'compiling and decoding (streamed), {args.max_new_tokens} new tokens at most')
+    start, shown, first = time.perf_counter(), '', None
+    for state in js.generate_steps(params, dparams, tokens, lengths, keys, target=target,
+                                   draft=draft_obj, config=dc):
+      if first is None:
+        first, first_tokens = time.perf_counter(), int(state.metrics.new_tokens.sum())
+      new = np.asarray(state.tokens[0, int(state.prompt_lengths[0]):int(state.lengths[0])])
+      text = tok.decode(new.tolist(), skip_special_tokens=True).rstrip('\ufffd')
+      print(text[len(shown):], end='', flush=True)
+      shown = text
+    run_s = time.perf_counter() - first
+    out = js.DecodeResult(state.tokens, state.lengths, state.prompt_lengths, state.finish,
+                          state.metrics)
+    reasons = out.finish_reasons()
+    print(' [cut: token budget]' if reasons[0] == 'length' else '', flush=True)
+    summary = js.summarize(out.metrics)
+    summary.update(tokens_per_second=(summary['new_tokens'] - first_tokens) / max(run_s, 1e-9),
+                   seconds=run_s, compile_seconds=first - start, finish_reasons=reasons)
     return out.new_tokens(), summary
 
   spec_ids, spec = compile_and_run(draft, draft_params, args.num_draft_tokens)
@@ -186,7 +218,7 @@ def main(argv=None):
   if args.json:
     print(json.dumps(result, ensure_ascii=False))
   else:
-    print_report(result)
+    print_report(result, streamed=args.stream)
   bad = [i for i, row in enumerate(result['results'])
          if 'nonfinite' in (row['finish_reason'], row.get('baseline_finish_reason'))]
   if bad:
@@ -208,8 +240,8 @@ def _verifier_name(verifier) -> str:
   return f'{name}({params})' + (' LOSSY' if verifier.lossy else '')
 
 
-def print_report(r):
-  for i, row in enumerate(r['results']):
+def print_report(r, streamed=False):
+  for i, row in enumerate([] if streamed else r['results']):
     cut = ' [cut: token budget]' if row['finish_reason'] == 'length' else ''
     print(f'--- [{i}] {row["prompt"]}\n{row["text"]}{cut}\n')
   rows = [('draft', f'{r["draft"]} (K={r["num_draft_tokens"]}, temperature {r["temperature"]})'),
