@@ -104,7 +104,8 @@ def add_model_flags(parser: argparse.ArgumentParser, dtype: bool = True) -> None
 
 def add_prompt_flags(parser: argparse.ArgumentParser, default: str) -> None:
   """`--prompts-file FILE` (JSON lines with a "prompt" field) and `--num-prompts N` (0 = all)."""
+  shown = os.path.relpath(default, ROOT)
   parser.add_argument('--prompts-file', type=existing_file, default=default,
-                      help=f'JSON lines with a "prompt" field (default: {os.path.relpath(default, ROOT)})')
+                      help=f'JSON lines with a "prompt" field (default: {shown})')
   parser.add_argument('--num-prompts', type=nonnegative_int, default=0,
                       help='use only this many prompts (0 = all)')

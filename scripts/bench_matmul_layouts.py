@@ -1,7 +1,8 @@
 """Why verifying K+1 tokens costs more than one token on XLA:CPU: the matmuls alone.
 
-Times (best of --repeats, 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random) applied to
-T = 1..8 rows (--widths) in three formulations, in one run, and prints ms and the ratio to T=1 side by side:
+Times (best of --repeats, 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random)
+applied to T = 1..8 rows (--widths) in three formulations, in one run, and prints ms and the
+ratio to T=1 side by side:
 
 - `x @ W`, W stored (in, out): what models/llama.py does today;
 - `x @ W.T`, W stored (out, in): the fastest here for T = 1;
@@ -65,7 +66,8 @@ def main(argv=None):
     x = jnp.ones((t, D))
     cells = []
     for name, (fn, transposed) in FORMS.items():
-      ms = 1e3 * timed(fn, x, *((ups_t, downs_t) if transposed else (ups, downs)), reps=args.repeats)
+      weights = (ups_t, downs_t) if transposed else (ups, downs)
+      ms = 1e3 * timed(fn, x, *weights, reps=args.repeats)
       base.setdefault(name, ms)
       cells.append(f'{ms:8.1f} ({ms / base[name]:.2f}x)')
     print(f'{t:<3}' + ''.join(f'{c:>26}' for c in cells), flush=True)

@@ -267,7 +267,8 @@ def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path
   for p in peers:
     p['speedup_vs_plain'] = p['tokens_per_s'] / plain_tps.get(0.0, np.nan)
   table = _fmt_table(results, peers, hf_greedy)
-  breakdown = ['| draft | K | round ms | draft ms | verify ms | other ms |', '|---|---|---|---|---|---|']
+  breakdown = ['| draft | K | round ms | draft ms | verify ms | other ms |',
+               '|---|---|---|---|---|---|']
   for r in results:
     if 'round_s' in r:
       breakdown.append(f"| {r['method']} | {r['k']} | {1e3 * r['round_s']:.1f} | "

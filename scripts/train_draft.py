@@ -38,7 +38,8 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models import cli, draft_heads, draft_training, loading, registry  # pylint: disable=g-import-not-at-top
+from models import (cli, draft_heads, draft_training, loading,  # pylint: disable=g-import-not-at-top
+                    registry)
 
 
 def _parse(argv=None):
