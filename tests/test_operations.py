@@ -32,7 +32,7 @@ def test_plain_memory_split_and_work():
   assert r['memory']['target_params'] == sum(a.nbytes for a in jax.tree.leaves(params))
   assert r['memory']['draft_params'] == 0 and r['memory']['draft_state'] == 0
   assert r['target_positions_per_token'] == 1.0
-  assert r['new_tokens'] == 16 and r['tokens_per_s'] > 0 and r['ttft_s'] > r['prefill_s'] > 0
+  assert r['new_tokens'] == 16 and r['tokens_per_s'] > 0 and r['ttft_s'] >= r['prefill_s'] > 0
 
 
 def test_draft_model_adds_its_params_and_cache():
