@@ -15,8 +15,19 @@ Writes `<out>/benchmark.json`, `<out>/results.md`, and with matplotlib
 (`pip install -e '.[bench]'`) `<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
 The measuring code is `jaxspec.bench_rounds`.
 
+`--mode operations` is what a server sees: for each batch size (`--batch-sizes`, prompts cycled
+into the batch) plain decoding and each draft, per-request latency (time to first token, time per
+output token), throughput over the batch, the memory split (target params, draft params, target
+KV cache, draft KV cache / state, from array sizes), the target's work per committed token
+relative to plain decoding (Leviathan et al. Theorem 3.11, measured), prefill and compile time
+apart, and the batch size where speculation stops paying, per draft. Writes
+`<out>/operations.json`, `<out>/operations.md`, and with matplotlib
+`<out>/latency_vs_throughput.png`, `<out>/speedup_vs_batch.png`. The measuring code is
+`jaxspec.operations`.
+
   .venv/bin/python scripts/benchmark.py --quick                      # under 5 minutes
   .venv/bin/python scripts/benchmark.py --peers-python .venv-ref/bin/python   # the full run
+  .venv/bin/python scripts/benchmark.py --mode operations [--quick] --out runs/operations
 """
 
 from __future__ import annotations
@@ -39,16 +50,17 @@ from models import cli, loading, prompts as prompt_files  # pylint: disable=g-im
 ROOT = cli.ROOT
 DRAFTS = ('ngram', 'exit_untrained', 'exit_trained', 'small', 'eagle')
 PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
+QUICK_DRAFTS = ('ngram', 'exit_trained', 'eagle')
 # Per mode, the defaults of the flags left unset: {quick: {flag: value}}.
 MODES = {
     'speed': {False: dict(max_new_tokens=128, num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8],
-                          temperatures=[0.0, 1.0]),
+                          temperatures=[0.0, 1.0], drafts=list(DRAFTS)),
               True: dict(max_new_tokens=48, num_draft_tokens=[3], temperatures=[0.0],
-                         num_prompts=4)},
+                         num_prompts=4, drafts=list(QUICK_DRAFTS))},
     'operations': {False: dict(max_new_tokens=64, num_draft_tokens=[3], temperatures=[0.0],
-                               batch_sizes=[1, 2, 4, 8, 16, 32]),
+                               batch_sizes=[1, 2, 4, 8, 16, 32], drafts=list(DRAFTS)),
                    True: dict(max_new_tokens=32, num_draft_tokens=[3], temperatures=[0.0],
-                              batch_sizes=[1, 4, 16])},
+                              batch_sizes=[1, 4, 16], drafts=list(QUICK_DRAFTS))},
 }
 
 
@@ -58,8 +70,9 @@ def _parse(argv=None):
                  help='speed: batch 1, every draft and K, with the round breakdown and Theorem '
                  '3.8;\noperations: batch sizes 1..32, latency, throughput, memory, target work')
   p.add_argument('--quick', action='store_true',
-                 help='speed: K=3, T=0, 4 prompts (unless --num-prompts), 48 new tokens;\n'
-                 'operations: batch sizes 1,4,16, 32 new tokens')
+                 help='speed: K=3, T=0, 4 prompts (unless --num-prompts), 48 new tokens, drafts '
+                 'ngram,exit_trained,eagle;\noperations: batch sizes 1,4,16, 32 new tokens, the '
+                 'same drafts')
   cli.add_model_flags(p, dtype=False)
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
   p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
@@ -72,8 +85,9 @@ def _parse(argv=None):
                  help='comma-separated list; default: speed 0,1 (quick 0), operations 0')
   p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=None,
                  help='operations: comma-separated; default 1,2,4,8,16,32 (quick 1,4,16)')
-  p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=','.join(DRAFTS),
-                 help=f'comma-separated, from {",".join(DRAFTS)}')
+  p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=None,
+                 help=f'comma-separated, from {",".join(DRAFTS)}; default: all (speed --quick: '
+                 f'{",".join(QUICK_DRAFTS)})')
   p.add_argument('--untrained-exit-layer', type=cli.positive_int, default=8,
                  help='exit_untrained: the target\'s first N layers and its head')
   p.add_argument('--exit-draft', default=os.path.join(ROOT, 'drafts', 'smollm2_exit'))
