@@ -18,6 +18,9 @@ most frequent tokens `vocab_ids` of the target's own generations; every other to
 -inf, so q is exactly zero there and exact speculative sampling stays exact (the verifier only
 needs q to be the distribution the draft sampled from).
 
+Saving, loading, and the table of kinds (config, forward, jaxspec wrapper, training recipe,
+export) are in `models/registry.py`.
+
 Shape letters: B batch, T tokens, D width, F adapter MLP width, V vocabulary, W draft vocabulary.
 """
 

@@ -280,6 +280,11 @@ def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path
   hf_greedy = next((p['tokens_per_s'] for p in peers if p['method'] == 'greedy'), None)
   for p in peers:
     p['speedup_vs_plain'] = p['tokens_per_s'] / plain_tps.get(0.0, np.nan)
+  _speed_report(args, rows, results, parts, theory, peers, hf_greedy, plots)
+
+
+def _speed_report(args, rows, results, parts, theory, peers, hf_greedy, plots):
+  """Prints the speed mode's tables and writes results.md, benchmark.json and the plots."""
   table = _fmt_table(results, peers, hf_greedy)
   breakdown = ['| draft | K | round ms | draft ms | verify ms | other ms |',
                '|---|---|---|---|---|---|']
@@ -307,7 +312,6 @@ def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path
     _plots(results, args)
   print(f'wrote {args.out}/benchmark.json, results.md'
         + (', speedup_vs_k.png, accepted_length_hist.png' if plots else ''))
-
 
 
 def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path):
