@@ -72,3 +72,17 @@ def test_unknown_kind_rejected(tmp_path):
     registry.kind('medusa')
   with pytest.raises(ValueError, match='expected one of exit, small, eagle'):
     registry.save_draft(str(tmp_path), 'medusa', None, {}, [0])
+
+
+def test_draft_specs_through_the_one_loader():
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  draft, dparams = loading.load_draft('ngram', config, params)
+  assert draft == js.NGramDraft(max_ngram=3) and dparams is None
+  assert loading.load_draft('ngram:5', config, params)[0] == js.NGramDraft(max_ngram=5)
+  draft, dparams = loading.load_draft('early-exit:1', config, params)
+  assert draft.shares_target_cache and dparams is params
+  for spec, match in [('early-exit:2', 'needs 1 <= N < 2'), ('ngram:0', 'N must be an integer'),
+                      ('/missing', 'neither ngram')]:
+    with pytest.raises(ValueError, match=match):
+      loading.load_draft(spec, config, params)
