@@ -34,7 +34,8 @@ class DraftKind:
   forward: `forward(target_config, draft_config)`, the model callable;
   assemble: `assemble(target_config, target_params, trainable, vocab_ids) -> params` (what the
     forward reads: trainable arrays plus references to the target's);
-  wrap: `wrap(forward) -> jaxspec.Draft` (`ModelDraft` or `FeatureDraft`);
+  reads_features, shares_target_cache: its jaxspec wrapper (`wrap`): `FeatureDraft` for a
+    draft that reads the target's features, else `ModelDraft` with or without the target's cache;
   recipe: its training hook, `models.draft_training.*_recipe` (config from the flags, init of
     the trainable params from the target's, loss);
   export: `export(target_config, target_params, forward, params) -> (blocks, final norm, head)`
@@ -46,7 +47,8 @@ class DraftKind:
   config: type
   forward: Callable[..., Any]
   assemble: Callable[..., Params]
-  wrap: Callable[[Any], Any]
+  reads_features: bool
+  shares_target_cache: bool
   recipe: Callable[..., draft_training.Recipe]
   export: Callable[..., Any] | None
   export_refusal: str = ''
@@ -54,17 +56,12 @@ class DraftKind:
   default_out: str = ''
   default_source_layers: tuple[int, ...] = ()
 
-
-def _model_draft(shares_target_cache: bool):
-  def wrap(forward):
+  def wrap(self, forward):
+    """The jaxspec draft that runs `forward`: `FeatureDraft` or `ModelDraft`."""
     import jaxspec  # pylint: disable=g-import-not-at-top
-    return jaxspec.ModelDraft(forward, shares_target_cache=shares_target_cache)
-  return wrap
-
-
-def _feature_draft(forward):
-  import jaxspec  # pylint: disable=g-import-not-at-top
-  return jaxspec.FeatureDraft(forward)
+    if self.reads_features:
+      return jaxspec.FeatureDraft(forward)
+    return jaxspec.ModelDraft(forward, shares_target_cache=self.shares_target_cache)
 
 
 def _embed(target_params):
@@ -75,12 +72,12 @@ KINDS: dict[str, DraftKind] = {k.name: k for k in (
     DraftKind(
         name='exit', config=draft_heads.ExitDraftConfig, forward=draft_heads.ExitDraftForward,
         assemble=lambda tc, tp, tr, ids: {'target': tp, 'adapter': tr, 'vocab_ids': ids},
-        wrap=_model_draft(True), recipe=draft_training.exit_recipe,
+        reads_features=False, shares_target_cache=True, recipe=draft_training.exit_recipe,
         export=hf_export.exit_blocks, default_lr=2e-3, default_out='drafts/smollm2_exit'),
     DraftKind(
         name='small', config=draft_heads.SmallDraftConfig, forward=draft_heads.SmallDraftForward,
         assemble=lambda tc, tp, tr, ids: {'embed': _embed(tp), **tr, 'vocab_ids': ids},
-        wrap=_model_draft(False), recipe=draft_training.small_recipe,
+        reads_features=False, shares_target_cache=False, recipe=draft_training.small_recipe,
         export=hf_export.small_blocks, default_lr=3e-4, default_out='runs/smollm2_small',
         default_source_layers=draft_heads.SmallDraftConfig().source_layers),
     DraftKind(
@@ -88,7 +85,8 @@ KINDS: dict[str, DraftKind] = {k.name: k for k in (
         assemble=lambda tc, tp, tr, ids: {
             'embed': _embed(tp), **tr, 'vocab_ids': ids,
             'head': draft_heads.target_head_rows(tc, tp, ids)},
-        wrap=_feature_draft, recipe=draft_training.eagle_recipe, export=None,
+        reads_features=True, shares_target_cache=False, recipe=draft_training.eagle_recipe,
+        export=None,
         export_refusal='it reads the target\'s hidden features, so it is not a standalone '
                        'LlamaForCausalLM and cannot be exported as one',
         default_lr=1e-3, default_out='drafts/smollm2_eagle',
@@ -166,7 +164,7 @@ def load_draft(directory: str, target_config, target_params):
   reference the target's arrays (the trainable ones are float32). Raises FileNotFoundError /
   ValueError (unknown kind) with the reason."""
   k, forward, params = _load(directory, target_config, target_params)
-  return forward, params, bool(getattr(k.wrap(forward), 'shares_target_cache', False))
+  return forward, params, k.shares_target_cache
 
 
 def load_trained_draft(directory: str, target_config, target_params, mesh=None):
