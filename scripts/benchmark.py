@@ -332,8 +332,9 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
                                eos_id=tok.eos_id, pad_id=tok.pad_id)
       r = operations.measure(params, dparams, tokens[idx], lengths[idx],
                              args.seed * 1000 + np.arange(b), target=target, draft=draft,
-                             config=config)
+                             config=config, reps=1 if args.quick else 3)
       results.append(dict(method=name, temperature=temp, **r))
+      _write_json(args, rows, results, {})  # so far, in case the run is cut short
       print(f"B={b} {name}: {r['tokens_per_s']:.1f} tok/s, TTFT {1e3 * r['ttft_s']:.0f} ms, "
             f"TPOT {1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
   operations.add_relative(results)
@@ -343,13 +344,17 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
   print(text)
   with open(os.path.join(args.out, 'operations.md'), 'w', encoding='utf-8') as f:
     f.write(text + '\n')
-  with open(os.path.join(args.out, 'operations.json'), 'w', encoding='utf-8') as f:
-    json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
-                   stops_paying=stops, devices=[str(d) for d in jax.devices()]), f, indent=1)
+  _write_json(args, rows, results, stops)
   if plots:
     _ops_plots(results, args)
   print(f'wrote {args.out}/operations.json, operations.md'
         + (', latency_vs_throughput.png, speedup_vs_batch.png' if plots else ''))
+
+
+def _write_json(args, rows, results, stops):
+  with open(os.path.join(args.out, 'operations.json'), 'w', encoding='utf-8') as f:
+    json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
+                   stops_paying=stops, devices=[str(d) for d in jax.devices()]), f, indent=1)
 
 
 def _ops_table(results):
