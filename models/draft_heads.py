@@ -18,14 +18,15 @@ most frequent tokens `vocab_ids` of the target's own generations; every other to
 -inf, so q is exactly zero there and exact speculative sampling stays exact (the verifier only
 needs q to be the distribution the draft sampled from).
 
+Saving, loading, and the table of kinds (config, forward, jaxspec wrapper, training recipe,
+export) are in `models/registry.py`.
+
 Shape letters: B batch, T tokens, D width, F adapter MLP width, V vocabulary, W draft vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import jax
@@ -250,81 +251,6 @@ def init_eagle_draft(target_config, target_params, draft: EagleDraftConfig, key)
                        target_params[f'layers_{draft.source_layer}'])
   return {'fc': fc, 'fc_bias': jnp.zeros((d,), jnp.float32), 'block': block,
           'norm': jnp.asarray(target_params['final_norm']['scale'], jnp.float32)}
-
-
-# ---- saving and loading (safetensors + json; the target's arrays are never stored) ----
-
-def _flatten(tree, prefix=''):
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
-def _unflatten(flat):
-  tree = {}
-  for name, v in flat.items():
-    node = tree
-    *path, leaf = name.split('.')
-    for p in path:
-      node = node.setdefault(p, {})
-    node[leaf] = v
-  return tree
-
-
-def save_draft(directory: str, kind: str, draft_config, trainable: Params, vocab_ids,
-               dtype: str = 'float16', info: dict | None = None) -> None:
-  """Writes `draft.json` and `draft.safetensors` (trainable arrays in `dtype`, plus vocab_ids)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  os.makedirs(directory, exist_ok=True)
-  flat = {k: np.asarray(v, dtype) for k, v in _flatten(trainable).items()}
-  flat['vocab_ids'] = np.asarray(vocab_ids, np.int32)
-  save_file(flat, os.path.join(directory, 'draft.safetensors'))
-  meta = {'kind': kind, 'config': dataclasses.asdict(draft_config), 'info': info or {}}
-  with open(os.path.join(directory, 'draft.json'), 'w', encoding='utf-8') as f:
-    json.dump(meta, f, indent=2)
-
-
-def load_draft(directory: str, target_config, target_params):
-  """Returns `(forward, params, shares_target_cache)` for a draft saved by `save_draft`; params
-  reference the target's arrays. Raises FileNotFoundError / ValueError with the reason."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(directory, 'draft.json'), encoding='utf-8') as f:
-    meta = json.load(f)
-  flat = load_file(os.path.join(directory, 'draft.safetensors'))
-  vocab_ids = jnp.asarray(flat.pop('vocab_ids'))
-  trainable = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _unflatten(flat))
-  cfg = meta['config']
-  if meta['kind'] == 'exit':
-    forward = ExitDraftForward(target_config, ExitDraftConfig(**cfg))
-    return forward, {'target': target_params, 'adapter': trainable, 'vocab_ids': vocab_ids}, True
-  if meta['kind'] == 'small':
-    cfg['source_layers'] = tuple(cfg['source_layers'])
-    forward = SmallDraftForward(target_config, SmallDraftConfig(**cfg))
-    params = {'embed': target_params['embed']['embedding'], **trainable, 'vocab_ids': vocab_ids}
-    return forward, params, False
-  if meta['kind'] == 'eagle':
-    forward = EagleDraftForward(target_config, EagleDraftConfig(**cfg))
-    params = {'embed': target_params['embed']['embedding'], **trainable, 'vocab_ids': vocab_ids,
-              'head': target_head_rows(target_config, target_params, vocab_ids)}
-    return forward, params, False
-  raise ValueError(f'{directory}: unknown draft kind {meta["kind"]!r} (expected exit, small or '
-                   'eagle)')
-
-
-def load_trained_draft(directory: str, target_config, target_params, mesh=None):
-  """`(jaxspec.ModelDraft, draft params)` for a draft saved by `save_draft` (the form
-  `models.loading.load_draft` expects). With a mesh the small arrays stay replicated; the
-  target's arrays keep their own placement."""
-  del mesh
-  import jaxspec  # pylint: disable=g-import-not-at-top
-  forward, params, shares = load_draft(directory, target_config, target_params)
-  if isinstance(forward, EagleDraftForward):
-    return jaxspec.FeatureDraft(forward), params
-  return jaxspec.ModelDraft(forward, shares_target_cache=shares), params
 
 
 def distill_loss(logits_BTW, idx_BTk, prob_BTk, mask_BT):

@@ -44,7 +44,7 @@ def load_model(path: str | None, dtype: str = 'float32', mesh=None):
     mesh: optional `jax.sharding.Mesh`; params are placed with the project's sharding rules.
   Returns:
     (config: LlamaConfig or Gemma3Config, params, gguf_path or None) - the GGUF path carries
-    the tokenizer; `forward_for(config)` is the model callable.
+    the tokenizer (`tokenizer_for`); `forward_for(config)` is the model callable.
   Raises:
     FileNotFoundError: the path does not exist (or the default model is not installed).
     ValueError: the path is neither a GGUF file nor a known checkpoint directory.
@@ -67,11 +67,37 @@ def load_model(path: str | None, dtype: str = 'float32', mesh=None):
                    'orbax checkpoint written by scripts/convert.py')
 
 
+def tokenizer_for(gguf_path: str | None):
+  """The tokenizer of a GGUF file, or the default model's when None (`models.tokenizer`).
+  Raises FileNotFoundError when the default model is not installed."""
+  from models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  return load_tokenizer(gguf_path or gguf_loader.default_model_path())
+
+
 def _place(config, params, mesh):
   if mesh is None:
     return params
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
   return sharding.shard_params(params, logical_axes(config), mesh)
+
+
+DEFAULT_NGRAM = 3  # `ngram` is `ngram:3`
+
+
+def parse_draft_spec(spec: str) -> tuple[str, int | str]:
+  """Checks a draft spec before anything loads: `('ngram', N)`, `('early-exit', N)` or
+  `('path', spec)` for an existing path. (The layer bound of early-exit:N needs the model and is
+  checked by `load_draft`.) Raises ValueError saying what is wrong."""
+  name, sep, arg = spec.partition(':')
+  if name in ('ngram', 'early-exit') and (sep or name == 'early-exit'):
+    if not (arg.isdigit() and int(arg) >= 1):
+      raise ValueError(f'{spec!r}: N must be an integer >= 1 ({name}:N)')
+    return name, int(arg)
+  if spec == 'ngram':
+    return 'ngram', DEFAULT_NGRAM
+  if os.path.exists(spec):
+    return 'path', spec
+  raise ValueError(f'{spec!r} is neither ngram, ngram:N, early-exit:N nor an existing path')
 
 
 def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None,
@@ -88,23 +114,22 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
   Returns:
     (draft object for `jaxspec.generate`, draft params).
   Raises:
-    ValueError: malformed spec or N out of range, or another vocabulary without tokenizers to
-      pair it. FileNotFoundError: missing checkpoint.
+    ValueError: a malformed spec or a missing path (`parse_draft_spec`), N out of range, or
+      another vocabulary without tokenizers to pair it.
   """
   import jaxspec  # pylint: disable=g-import-not-at-top
-  if spec == 'ngram' or spec.startswith('ngram:'):
-    n = int(spec.split(':')[1]) if ':' in spec else 3
+  name, n = parse_draft_spec(spec)
+  if name == 'ngram':
     return jaxspec.NGramDraft(max_ngram=n), None
-  if spec.startswith('early-exit:'):
-    n = int(spec.split(':')[1])
+  if name == 'early-exit':
     if not 1 <= n < target_config.num_layers:
       raise ValueError(f'early-exit:{n} needs 1 <= N < {target_config.num_layers} (the '
                        'target\'s layer count)')
     forward = sharded_forward(forward_for(target_config, num_layers=n), target_config, mesh)
     return jaxspec.ModelDraft(forward, shares_target_cache=True), target_params
-  trained = _load_trained_draft(spec, target_config, target_params, mesh)
-  if trained is not None:
-    return trained
+  if os.path.isfile(os.path.join(spec, 'draft.json')):  # a trained draft (models.registry)
+    from models import registry  # pylint: disable=g-import-not-at-top
+    return registry.load_trained_draft(spec, target_config, target_params, mesh=mesh)
   config, params, gguf_path = load_model(spec, dtype, mesh)
   draft = jaxspec.ModelDraft(sharded_forward(forward_for(config), config, mesh))
   tables = _vocab_tables(config, gguf_path, target_config, target_tokenizer)
@@ -148,11 +173,3 @@ def sharded_forward(forward, config, mesh):
     return forward
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
   return sharding.ShardedModel.wrap(forward, cache_logical_axes(config), mesh)
-
-
-def _load_trained_draft(path, target_config, target_params, mesh):
-  """Trained drafts (scripts/train_draft.py) carry a `draft.json`; None for other paths."""
-  if not os.path.isfile(os.path.join(path, 'draft.json')):
-    return None
-  from models import draft_heads  # pylint: disable=g-import-not-at-top
-  return draft_heads.load_trained_draft(path, target_config, target_params, mesh=mesh)

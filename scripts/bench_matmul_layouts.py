@@ -1,22 +1,29 @@
 """Why verifying K+1 tokens costs more than one token on XLA:CPU: the matmuls alone.
 
-Times (best of 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random) applied to
-T = 1..8 rows in three formulations, in one run, and prints ms and the ratio to T=1 side by side:
+Times (best of --repeats, 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random)
+applied to T = 1..8 rows (--widths) in three formulations, in one run, and prints ms and the
+ratio to T=1 side by side:
 
 - `x @ W`, W stored (in, out): what models/llama.py does today;
 - `x @ W.T`, W stored (out, in): the fastest here for T = 1;
 - `(W @ x.T).T`, W stored (out, in), with optimization barriers so XLA keeps the weight as the
   left operand: the flattest in T here.
 
-  .venv/bin/python scripts/bench_matmul_layouts.py
+  .venv/bin/python scripts/bench_matmul_layouts.py [--repeats 30] [--widths 1,2,3,4,5,8]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 
-from bench_scale import timed  # scripts/ is on the path when this file runs as a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxspec.bench import timed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from models import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 D, F, LAYERS = 576, 1536, 30
 
@@ -41,19 +48,26 @@ FORMS = {
 }
 
 
-def main():
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--repeats', type=cli.positive_int, default=30, help='timed calls (best kept)')
+  p.add_argument('--widths', type=cli.list_of(cli.positive_int), default='1,2,3,4,5,8',
+                 help='T values (rows), comma-separated')
+  args = p.parse_args(argv)
   keys = jax.random.split(jax.random.key(0), 2 * LAYERS)
   ups = [0.02 * jax.random.normal(keys[i], (D, F)) for i in range(LAYERS)]
   downs = [0.02 * jax.random.normal(keys[LAYERS + i], (F, D)) for i in range(LAYERS)]
   ups_t, downs_t = [w.T.copy() for w in ups], [w.T.copy() for w in downs]
-  print(f'jax {jax.__version__}, {jax.devices()[0].platform}; best ms of 30 calls (ratio to T=1)')
+  print(f'jax {jax.__version__}, {jax.devices()[0].platform}; best ms of {args.repeats} calls '
+        '(ratio to T=1)')
   print('T  ' + ''.join(f'{name:>26}' for name in FORMS))
   base = {}
-  for t in (1, 2, 3, 4, 5, 8):
+  for t in args.widths:
     x = jnp.ones((t, D))
     cells = []
     for name, (fn, transposed) in FORMS.items():
-      ms = 1e3 * timed(fn, x, *((ups_t, downs_t) if transposed else (ups, downs)), reps=30)
+      weights = (ups_t, downs_t) if transposed else (ups, downs)
+      ms = 1e3 * timed(fn, x, *weights, reps=args.repeats)
       base.setdefault(name, ms)
       cells.append(f'{ms:8.1f} ({ms / base[name]:.2f}x)')
     print(f'{t:<3}' + ''.join(f'{c:>26}' for c in cells), flush=True)

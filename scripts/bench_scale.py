@@ -9,7 +9,8 @@ accelerator, float32 on a CPU). Measures, each as a `lax.fori_loop` of n steps i
   3. one speculative round (`speculative_step`, K drafted tokens) minus its forward passes
      (1 target pass of K+1 tokens, 1 draft pass of 2 and K-1 of 1): the round overhead;
   4. end to end, `jaxspec.generate` with a benchmark-only draft that proposes the target's own
-     greedy token with probability alpha (else a wrong one), against plain greedy decoding.
+     greedy token with probability alpha (else a wrong one; `jaxspec.bench.AlphaDraft`), against
+     plain greedy decoding.
 
   python scripts/bench_scale.py                       # H200: Llama-2-7B target, 160M draft, bf16
   python scripts/bench_scale.py --preset cpu-small    # a small shape that runs on a laptop CPU
@@ -32,47 +33,31 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jaxspec as js  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxspec import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from models import llama  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxspec import bench, sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from models import cli, llama  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PRESETS = {
     # Llama-2-7B target; a 162M draft (12 layers, width 768, untied 32000 vocabulary).
     '7b': dict(layers=32, width=4096, heads=32, kv_heads=32, mlp=11008, vocab=32000,
                draft_layers=12, draft_width=768, draft_heads=12, draft_mlp=3072,
-               prompt_len=128, new_tokens=256, iters=50, bandwidth='4.3e12'),
+               prompt_len=128, max_new_tokens=256, iters=50, bandwidth='4.3e12'),
     'cpu-small': dict(layers=4, width=512, heads=8, kv_heads=8, mlp=1376, vocab=8192,
                       draft_layers=1, draft_width=128, draft_heads=4, draft_mlp=344,
-                      prompt_len=32, new_tokens=64, iters=10, bandwidth='measure'),
+                      prompt_len=32, max_new_tokens=64, iters=10, bandwidth='measure'),
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class AlphaDraft(js.Draft):
-  """Benchmark-only draft with a set acceptance rate: it runs a real draft model (so it costs
-  what a draft of that shape costs) but proposes `params['ref'][b, position]`, the target's own
-  greedy token there, with probability `params['alpha']`, else `ref + 1` (never the greedy token).
-  `ref` `[B, S]` int32 comes from a plain greedy run; `alpha` is a float32 scalar (an array, so
-  every alpha shares one compile). Under greedy verification each drafted token is then accepted
-  with probability alpha, given the ones before it were."""
+def _alpha(text: str) -> float:
+  value = cli.nonnegative_float(text)
+  if value > 1:
+    raise argparse.ArgumentTypeError(f'an acceptance rate is in [0, 1], got {text!r}')
+  return value
 
-  forward: object
-  coin_stream = 100  # a noise stream of its own (jaxspec.noise)
 
-  def init(self, params, prefill):
-    return js.ModelDraft(self.forward).init(params['model'], prefill)
-
-  def propose(self, params, state, ctx):
-    proposal = js.ModelDraft(self.forward).propose(params['model'], state, ctx)
-    ref = params['ref']
-    positions = jnp.minimum(ctx.lengths[:, None] + jnp.arange(ctx.num_draft_tokens),
-                            ref.shape[1] - 1)
-    right = jnp.take_along_axis(ref, positions, axis=1)
-    coin = js.noise.uniform(ctx.keys, self.coin_stream, positions) < params['alpha']
-    tokens = jnp.where(coin, right, (right + 1) % ctx.vocab_size)
-    # Never true; keeps the draft model's work alive (XLA cannot prove it dead).
-    tokens = jnp.where(proposal.tokens < 0, proposal.tokens, tokens)
-    return dataclasses.replace(proposal, tokens=tokens,
-                               q=jax.nn.one_hot(tokens, ctx.vocab_size, dtype=jnp.float32))
+def _bandwidth(text: str) -> str:
+  if text != 'measure':
+    cli.nonnegative_float(text)
+  return text
 
 
 def parse_args(argv=None):
@@ -80,11 +65,16 @@ def parse_args(argv=None):
   p.add_argument('--preset', choices=sorted(PRESETS), default='7b')
   for name in PRESETS['7b']:
     p.add_argument('--' + name.replace('_', '-'), default=None,
-                   type=str if name == 'bandwidth' else int)
-  p.add_argument('--dtype', default='auto', help="'auto': bfloat16 on GPU/TPU, float32 on CPU")
-  p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--k', type=int, default=4, help='drafted tokens per round')
-  p.add_argument('--alphas', default='0.0,0.5,0.7,0.8,0.9,1.0')
+                   type=_bandwidth if name == 'bandwidth' else cli.positive_int,
+                   help='default: the preset\'s' + (" (bytes/s, or 'measure')"
+                                                    if name == 'bandwidth' else ''))
+  p.add_argument('--dtype', default='auto', choices=('auto',) + cli.DTYPES,
+                 help="'auto': bfloat16 on GPU/TPU, float32 on CPU")
+  p.add_argument('--batch-size', type=cli.positive_int, default=1)
+  p.add_argument('--num-draft-tokens', type=cli.positive_int, default=4,
+                 help='K, drafted tokens per round')
+  p.add_argument('--alphas', type=cli.list_of(_alpha), default='0.0,0.5,0.7,0.8,0.9,1.0',
+                 help='comma-separated acceptance rates in [0, 1]')
   p.add_argument('--mesh', default=None, help='e.g. model=8 (default: one device)')
   p.add_argument('--out', default='runs/bench_scale.json', help='JSON results (git-ignored dir)')
   args = p.parse_args(argv)
@@ -117,95 +107,30 @@ def random_params(config, key, mesh):
   return jax.jit(lambda k: llama.init_params(config, k), out_shardings=shardings)(key)
 
 
-def nbytes(tree) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def timed(fn, *args, reps=5):
-  """Best wall time (s) of `fn(*args)` over `reps` runs, after one warm-up (compile) run. The
-  minimum, not the median: on a shared machine it is the closest to the uncontended cost."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return min(times)
-
-
-def measure_bandwidth(mb: int = 256, reps: int = 10) -> float:
-  """Device copy bandwidth (bytes/s): `x + 1` in place (donated) over an `mb`-MiB float32 array
-  reads and writes it once."""
-  add = jax.jit(lambda x: x + 1, donate_argnums=0)
-  x = jax.block_until_ready(add(jnp.zeros((mb * 2 ** 18,), jnp.float32)))
-  nb = x.nbytes
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    x = jax.block_until_ready(add(x))
-    times.append(time.perf_counter() - t0)
-  return 2 * nb / min(times)
-
-
-def forward_loop(model, batch, t, buffer_len, iters):
-  """A jitted `params -> tokens` running `iters` forwards of `t` new tokens at position
-  buffer_len - t - 1 (cache of buffer_len), each fed the previous one's argmax."""
-
-  @jax.jit
-  def run(params):
-    def body(_, carry):
-      tokens, cache = carry
-      logits, cache = model(params, tokens, cache, jnp.full((batch,), buffer_len - t - 1, jnp.int32))
-      nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-      return jnp.broadcast_to(nxt[:, None], (batch, t)), cache
-    carry = (jnp.zeros((batch, t), jnp.int32), model.init_cache(batch, buffer_len))
-    return jax.lax.fori_loop(0, iters, body, carry)[0]
-
-  return run
-
-
-def round_loop(statics, iters):
-  """A jitted `(state, target_params, draft_params) -> tokens` running `iters` rounds of
-  `speculative_step` in one fori_loop."""
-  return jax.jit(lambda s, tp, dp: jax.lax.fori_loop(
-      0, iters, lambda _, s: js.speculative_step(s, tp, dp, **statics), s).tokens)
-
-
-def timed_together(jobs: dict, reps: int = 5) -> dict:
-  """Seconds per call of each `name: (fn, args)`, interleaved: every rep runs every job once, so
-  load bursts on a shared machine hit all of them alike; the best of `reps` is kept."""
-  for fn, args in jobs.values():
-    jax.block_until_ready(fn(*args))
-  best = dict.fromkeys(jobs, float('inf'))
-  for _ in range(reps):
-    for name, (fn, args) in jobs.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return best
-
-
 def step_times(target, draft, tp, dp, prompts, lengths, args) -> dict:
   """Per-step ms of the forward passes, the plain step and one speculative round (interleaved)."""
-  b, k, n = prompts.shape[0], args.k, args.iters
-  buffer_len = js.buffer_length(args.prompt_len, args.new_tokens, k)
+  b, k, n = prompts.shape[0], args.num_draft_tokens, args.iters
+  buffer_len = js.buffer_length(args.prompt_len, args.max_new_tokens, k)
   greedy = js.SamplingConfig(temperature=0)
   plain = dict(target=target, draft=None, config=js.DecodeConfig(
-      num_draft_tokens=0, max_new_tokens=args.new_tokens, sampling=greedy))
+      num_draft_tokens=0, max_new_tokens=args.max_new_tokens, sampling=greedy))
   spec = dict(target=target, draft=draft, config=js.DecodeConfig(
-      num_draft_tokens=k, max_new_tokens=args.new_tokens, sampling=greedy))
+      num_draft_tokens=k, max_new_tokens=args.max_new_tokens, sampling=greedy))
   init = jax.jit(js.init_state, static_argnames=('target', 'draft', 'config'))
   state = lambda p, statics: init(tp, p, prompts, lengths, js.row_keys(np.arange(b)),
                                  **statics)
   jobs = {
-      'target_t1': (forward_loop(target, b, 1, buffer_len, n), (tp,)),
-      'target_tk1': (forward_loop(target, b, k + 1, buffer_len, n), (tp,)),
-      'draft_t1': (forward_loop(draft.forward, b, 1, buffer_len, n), (dp['model'],)),
-      'draft_t2': (forward_loop(draft.forward, b, 2, buffer_len, n), (dp['model'],)),
-      'plain_step': (round_loop(plain, n), (state(None, plain), tp, None)),
-      'round': (round_loop(spec, n), (state(dp, spec), tp, dp)),
+      'target_t1': (bench.forward_loop(target, b, 1, buffer_len - 2, buffer_len, n), (tp,)),
+      'target_tk1': (bench.forward_loop(target, b, k + 1, buffer_len - k - 2, buffer_len, n),
+                     (tp,)),
+      'draft_t1': (bench.forward_loop(draft.forward, b, 1, buffer_len - 2, buffer_len, n),
+                   (dp['model'],)),
+      'draft_t2': (bench.forward_loop(draft.forward, b, 2, buffer_len - 3, buffer_len, n),
+                   (dp['model'],)),
+      'plain_step': (bench.round_loop(plain, n), (state(None, plain), tp, None)),
+      'round': (bench.round_loop(spec, n), (state(dp, spec), tp, dp)),
   }
-  r = {name + '_ms': 1e3 * seconds / n for name, seconds in timed_together(jobs).items()}
+  r = {name + '_ms': 1e3 * seconds / n for name, seconds in bench.timed_together(jobs).items()}
   r['round_forwards_ms'] = r['target_tk1_ms'] + r['draft_t2_ms'] + (k - 1) * r['draft_t1_ms']
   r['round_overhead_ms'] = r['round_ms'] - r['round_forwards_ms']
   return r
@@ -213,18 +138,19 @@ def step_times(target, draft, tp, dp, prompts, lengths, args) -> dict:
 
 def speedup_table(run, draft, dparams, args) -> tuple[float, list]:
   """Plain greedy ms/token, and for each alpha: acceptance, tokens per round, ms/token, speedup."""
-  k, greedy = args.k, js.SamplingConfig(temperature=0)
-  plain_cfg = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.new_tokens, sampling=greedy)
+  k, greedy = args.num_draft_tokens, js.SamplingConfig(temperature=0)
+  plain_cfg = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.max_new_tokens,
+                              sampling=greedy)
   spec_cfg = dataclasses.replace(plain_cfg, num_draft_tokens=k)
-  plain_ms = 1e3 * timed(run, plain_cfg, None, None) / args.new_tokens
+  plain_ms = 1e3 * bench.timed(run, plain_cfg, None, None) / args.max_new_tokens
   jax.block_until_ready(run(spec_cfg, draft, dparams(0.5)))  # compile once: alpha is an array
   rows = []
-  for alpha in (float(a) for a in args.alphas.split(',')):
+  for alpha in args.alphas:
     times = []
     for _ in range(2):
       t0 = time.perf_counter()
       out = jax.block_until_ready(run(spec_cfg, draft, dparams(alpha)))
-      times.append(1e3 * (time.perf_counter() - t0) / args.new_tokens)
+      times.append(1e3 * (time.perf_counter() - t0) / args.max_new_tokens)
     s = js.summarize(out.metrics)
     rows.append({'alpha': alpha, 'acceptance_rate': s['acceptance_rate'],
                  'tokens_per_round': s['mean_accepted_length'],
@@ -244,29 +170,30 @@ def main(argv=None):
     draft_model = sharding.ShardedModel.wrap(draft_model, llama.cache_logical_axes(dc), mesh)
   tp = random_params(tc, jax.random.key(0), mesh)
   dp = random_params(dc, jax.random.key(1), mesh)
-  buffer_len = js.buffer_length(args.prompt_len, args.new_tokens, args.k)
-  bandwidth = measure_bandwidth() if args.bandwidth == 'measure' else float(args.bandwidth)
-  cache_bytes = nbytes(jax.eval_shape(lambda: llama.init_cache(tc, args.batch, buffer_len)))
+  buffer_len = js.buffer_length(args.prompt_len, args.max_new_tokens, args.num_draft_tokens)
+  bandwidth = bench.device_bandwidth() if args.bandwidth == 'measure' else float(args.bandwidth)
+  cache_bytes = bench.nbytes(jax.eval_shape(
+      lambda: llama.init_cache(tc, args.batch_size, buffer_len)))
   r = {'args': vars(args), 'device': str(jax.devices()[0].device_kind),
        'num_devices': len(jax.devices()),
        'target_params': sum(int(x.size) for x in jax.tree.leaves(tp)),
        'draft_params': sum(int(x.size) for x in jax.tree.leaves(dp)),
-       'param_bytes': nbytes(tp), 'cache_bytes': cache_bytes, 'bandwidth': bandwidth,
-       'floor_ms': 1e3 * (nbytes(tp) + cache_bytes) / bandwidth}
+       'param_bytes': bench.nbytes(tp), 'cache_bytes': cache_bytes, 'bandwidth': bandwidth,
+       'floor_ms': 1e3 * (bench.nbytes(tp) + cache_bytes) / bandwidth}
 
   rng = np.random.default_rng(0)
-  prompts = rng.integers(3, tc.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
-  lengths = np.full((args.batch,), args.prompt_len, np.int32)
-  run = lambda cfg, d, p: js.generate(tp, p, prompts, lengths, np.arange(args.batch),
+  prompts = rng.integers(3, tc.vocab_size, (args.batch_size, args.prompt_len)).astype(np.int32)
+  lengths = np.full((args.batch_size,), args.prompt_len, np.int32)
+  run = lambda cfg, d, p: js.generate(tp, p, prompts, lengths, np.arange(args.batch_size),
                                       target=target, draft=d, config=cfg)
-  plain_cfg = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.new_tokens,
+  plain_cfg = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.max_new_tokens,
                               sampling=js.SamplingConfig(temperature=0))
   ref = run(plain_cfg, None, None).tokens  # the target's greedy tokens, for AlphaDraft
   dparams = lambda alpha: {'model': dp, 'ref': ref, 'alpha': jnp.float32(alpha)}
-  draft = AlphaDraft(draft_model)
+  draft = bench.AlphaDraft(draft_model)
   r.update(step_times(target, draft, tp, dparams(0.8), prompts, lengths, args))
   r['plain_e2e_ms_per_token'], r['speedup'] = speedup_table(run, draft, dparams, args)
-  report(r, args.k)
+  report(r, args.num_draft_tokens)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, 'w') as f:
     json.dump(r, f, indent=2)

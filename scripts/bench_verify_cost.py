@@ -19,83 +19,45 @@ import argparse
 import dataclasses
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from models import cpu_matmul  # pylint: disable=g-import-not-at-top,wrong-import-position
-from models import gguf_loader  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxspec import bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+from models import cli, cpu_matmul, loading  # pylint: disable=g-import-not-at-top,wrong-import-position
 from models.llama import LlamaForward  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--model', default=None, help='GGUF path (default: SmolLM2-135M-Instruct)')
-  p.add_argument('--position', type=int, default=200, help='cache position of the new tokens')
-  p.add_argument('--widths', default='1,2,3,5,9,16', help='T values (new tokens per forward)')
-  p.add_argument('--batch-sizes', default='1,16', help='batch sizes of the decode-step rows')
-  p.add_argument('--repeats', type=int, default=7, help='timed repeats (best kept)')
-  p.add_argument('--iters', type=int, default=8, help='forwards per timed call')
-  p.add_argument('--bandwidth-mib', type=int, default=256, help='size of the copied array')
+  cli.add_model_flags(p, dtype=False)
+  p.add_argument('--position', type=cli.nonnegative_int, default=200,
+                 help='cache position of the new tokens')
+  p.add_argument('--widths', type=cli.list_of(cli.positive_int), default='1,2,3,5,9,16',
+                 help='T values (new tokens per forward), comma-separated')
+  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default='1,16',
+                 help='batch sizes of the decode-step rows, comma-separated')
+  p.add_argument('--repeats', type=cli.positive_int, default=7, help='timed repeats (best kept)')
+  p.add_argument('--iters', type=cli.positive_int, default=8, help='forwards per timed call')
+  p.add_argument('--bandwidth-mib', type=cli.positive_int, default=256,
+                 help='size of the copied array')
   return p.parse_args(argv)
 
 
-def copy_bandwidth(mib: int, repeats: int) -> float:
-  """Bytes/s of `np.copyto` of an `mib`-MiB float32 array, read + written bytes counted."""
-  src = np.ones(mib * 2 ** 18, np.float32)
-  dst = np.empty_like(src)
-  best = float('inf')
-  for _ in range(repeats + 1):
-    t0 = time.perf_counter()
-    np.copyto(dst, src)
-    best = min(best, time.perf_counter() - t0)
-  return 2 * src.nbytes / best
-
-
-def forward_loop(forward, batch: int, t: int, position: int, iters: int):
-  """Jitted `params -> tokens`: `iters` forwards of `t` new tokens at `position`, each fed the
-  previous one's argmax (so none is dead code), cache allocated inside."""
-
-  @jax.jit
-  def run(params):
-    start = jnp.full((batch,), position, jnp.int32)
-
-    def body(_, carry):
-      tokens, cache = carry
-      logits, cache = forward(params, tokens, cache, start)
-      nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-      return jnp.broadcast_to(nxt[:, None], (batch, t)), cache
-
-    carry = (jnp.zeros((batch, t), jnp.int32), forward.init_cache(batch, position + t))
-    return jax.lax.fori_loop(0, iters, body, carry)[0]
-
-  return run
-
-
-def timed_together(jobs: dict, params, repeats: int, iters: int) -> dict:
-  """Best seconds per forward of each `name: fn(params)`, interleaved across repeats."""
-  for fn in jobs.values():
-    jax.block_until_ready(fn(params))
-  best = dict.fromkeys(jobs, float('inf'))
-  for _ in range(repeats):
-    for name, fn in jobs.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(params))
-      best[name] = min(best[name], (time.perf_counter() - t0) / iters)
-  return best
+def _table(letter, values, paths, columns, cells):
+  """A Markdown table: one row a value of `letter`, `columns` per path, `cells(path, value)`."""
+  print(f'| {letter} | ' + ' | '.join(f'{n} {c}' for n in paths for c in columns) + ' |')
+  print('|---|' + '---|' * len(columns) * len(paths))
+  for v in values:
+    print(f'| {v} | ' + ' | '.join(c for n in paths for c in cells(n, v)) + ' |')
 
 
 def main(argv=None):
   args = parse_args(argv)
-  widths = [int(w) for w in args.widths.split(',')]
-  batches = [int(b) for b in args.batch_sizes.split(',')]
-  path = args.model or gguf_loader.default_model_path()
-  config, params = gguf_loader.load_gguf(path)
-  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  widths, batches = args.widths, args.batch_sizes
+  config, params, _ = loading.load_model(args.model)
+  weight_bytes = bench.nbytes(params)
   paths = {'xla': LlamaForward(dataclasses.replace(config, cpu_kernel=False)),
            'kernel': LlamaForward(dataclasses.replace(config, cpu_kernel=True))}
   print(f'jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} cores; '
@@ -106,33 +68,26 @@ def main(argv=None):
   jobs = {}
   for name, fwd in paths.items():
     for t in widths:
-      jobs[(name, 'T', t)] = forward_loop(fwd, 1, t, args.position, args.iters)
+      jobs[(name, 'T', t)] = (bench.forward_loop(fwd, 1, t, args.position, args.position + t,
+                                                 args.iters), (params,))
     for b in batches:
-      jobs[(name, 'B', b)] = forward_loop(fwd, b, 1, args.position, args.iters)
-  bandwidth = copy_bandwidth(args.bandwidth_mib, args.repeats)
-  secs = timed_together(jobs, params, args.repeats, args.iters)
-  bandwidth = max(bandwidth, copy_bandwidth(args.bandwidth_mib, args.repeats))
+      jobs[(name, 'B', b)] = (bench.forward_loop(fwd, b, 1, args.position, args.position + 1,
+                                                 args.iters), (params,))
+  bandwidth = bench.host_copy_bandwidth(args.bandwidth_mib, args.repeats)
+  secs = {job: s / args.iters for job, s in bench.timed_together(jobs, args.repeats).items()}
+  bandwidth = max(bandwidth, bench.host_copy_bandwidth(args.bandwidth_mib, args.repeats))
   floor_ms = 1e3 * weight_bytes / bandwidth
   print(f'copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write); fp32 weights '
         f'{weight_bytes / 1e6:.0f} MB; weight-read floor {floor_ms:.1f} ms')
   print(f'\nforward at cache position {args.position}, batch 1 (best of {args.repeats}):')
-  print('| T | ' + ' | '.join(f'{n} ms | {n} / T=1 | {n} / floor' for n in paths) + ' |')
-  print('|---|' + '---|---|---|' * len(paths))
-  for t in widths:
-    cells = []
-    for n in paths:
-      ms, ms1 = 1e3 * secs[(n, 'T', t)], 1e3 * secs[(n, 'T', widths[0])]
-      cells += [f'{ms:.1f}', f'{ms / ms1:.2f}', f'{ms / floor_ms:.2f}']
-    print(f'| {t} | ' + ' | '.join(cells) + ' |')
+  ms = lambda n, kind, v: 1e3 * secs[(n, kind, v)]
+  _table('T', widths, paths, ('ms', '/ T=1', '/ floor'), lambda n, t: (
+      f'{ms(n, "T", t):.1f}', f'{ms(n, "T", t) / ms(n, "T", widths[0]):.2f}',
+      f'{ms(n, "T", t) / floor_ms:.2f}'))
   print(f'\nplain decode step (T=1) at position {args.position}, batch B:')
-  print('| B | ' + ' | '.join(f'{n} ms/step | {n} tok/s | {n} / B=1' for n in paths) + ' |')
-  print('|---|' + '---|---|---|' * len(paths))
-  for b in batches:
-    cells = []
-    for n in paths:
-      tps, tps1 = b / secs[(n, 'B', b)], batches[0] / secs[(n, 'B', batches[0])]
-      cells += [f'{1e3 * secs[(n, "B", b)]:.1f}', f'{tps:.0f}', f'{tps / tps1:.2f}']
-    print(f'| {b} | ' + ' | '.join(cells) + ' |')
+  tps = lambda n, b: b / secs[(n, 'B', b)]
+  _table('B', batches, paths, ('ms/step', 'tok/s', '/ B=1'), lambda n, b: (
+      f'{ms(n, "B", b):.1f}', f'{tps(n, b):.0f}', f'{tps(n, b) / tps(n, batches[0]):.2f}'))
 
 
 if __name__ == '__main__':

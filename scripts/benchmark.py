@@ -1,20 +1,33 @@
 """Side-by-side benchmark: plain vs speculative decoding of SmolLM2 with each draft, and
 `transformers` (greedy `generate`, assisted generation with the exported draft, prompt lookup).
 
-Same prompts (the chat and grounded prompts of shared/prompts/dev.jsonl, chat template applied),
-same machine, batch 1, one prompt at a time; every prompt is padded to one length bucket so each
-configuration compiles once. For each configuration: tokens/s, speedup over our plain decoding
-and over transformers, acceptance rate, mean accepted length (tokens per target pass), the
-accepted-length histogram, compile time and the process's peak RSS. At temperature 0 it checks
-that the output equals plain greedy output. It then times the pieces of a round (draft proposal,
-verify pass) on their own and the whole round inside the decode loop (the rest, "other", is the
-difference: sampling, commit, draft bookkeeping, loop carry), estimates alpha and the cost ratio
-c, and shows Leviathan et al.'s Theorem 3.8 speedup (and the same with the measured verify
-cost) next to the measured one, with the K the formula picks. Writes `<out>/benchmark.json`,
-`<out>/results.md`, `<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
+Same prompts (the chat and grounded prompts of data/dev_prompts.jsonl, the evaluation set, chat
+template applied), same machine, batch 1, one prompt at a time; every prompt is padded to one
+length bucket so each configuration compiles once. For each configuration: tokens/s, speedup
+over our plain decoding and over transformers, acceptance rate, mean accepted length (tokens per
+target pass), the accepted-length histogram, compile time and the process's peak RSS. At
+temperature 0 it checks that the output equals plain greedy output. It then times the pieces of
+a round (draft proposal, verify pass) on their own and the whole round inside the decode loop
+(the rest, "other", is the difference: sampling, commit, draft bookkeeping, loop carry),
+estimates alpha and the cost ratio c, and shows Leviathan et al.'s Theorem 3.8 speedup (and the
+same with the measured verify cost) next to the measured one, with the K the formula picks.
+Writes `<out>/benchmark.json`, `<out>/results.md`, and with matplotlib
+(`pip install -e '.[bench]'`) `<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
+The measuring code is `jaxspec.bench_rounds`.
 
-  .venv/bin/python scripts/benchmark.py --quick                      # a few minutes
-  .venv/bin/python scripts/benchmark.py --peers_python .venv-ref/bin/python   # the full run
+`--mode operations` is what a server sees: for each batch size (`--batch-sizes`, prompts cycled
+into the batch) plain decoding and each draft, per-request latency (time to first token, time per
+output token), throughput over the batch, the memory split (target params, draft params, target
+KV cache, draft KV cache / state, from array sizes), the target's work per committed token
+relative to plain decoding (Leviathan et al. Theorem 3.11, measured), prefill and compile time
+apart, and the batch size where speculation stops paying, per draft. Writes
+`<out>/operations.json`, `<out>/operations.md`, and with matplotlib
+`<out>/latency_vs_throughput.png`, `<out>/speedup_vs_batch.png`. The measuring code is
+`jaxspec.operations`.
+
+  .venv/bin/python scripts/benchmark.py --quick                      # under 5 minutes
+  .venv/bin/python scripts/benchmark.py --peers-python .venv-ref/bin/python   # the full run
+  .venv/bin/python scripts/benchmark.py --mode operations [--quick] --out runs/operations
 """
 
 from __future__ import annotations
@@ -23,275 +36,124 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jaxspec as js  # pylint: disable=g-import-not-at-top
-from jaxspec import speedup  # pylint: disable=g-import-not-at-top
-from models import draft_heads, gguf_loader, llama, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-from bench_scale import round_loop  # pylint: disable=g-import-not-at-top  (scripts/ is on the path)
+from jaxspec import bench, bench_rounds, operations  # pylint: disable=g-import-not-at-top
+from models import cli, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = cli.ROOT
+DRAFTS = ('ngram', 'exit_untrained', 'exit_trained', 'small', 'eagle')
+PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
+QUICK_DRAFTS = ('ngram', 'exit_trained', 'eagle')
+# Per mode, the defaults of the flags left unset: {quick: {flag: value}}.
+MODES = {
+    'speed': {False: dict(max_new_tokens=128, num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8],
+                          temperatures=[0.0, 1.0], drafts=list(DRAFTS)),
+              True: dict(max_new_tokens=48, num_draft_tokens=[3], temperatures=[0.0],
+                         num_prompts=4, drafts=list(QUICK_DRAFTS))},
+    'operations': {False: dict(max_new_tokens=64, num_draft_tokens=[3], temperatures=[0.0],
+                               batch_sizes=[1, 2, 4, 8, 16, 32], drafts=list(DRAFTS)),
+                   True: dict(max_new_tokens=32, num_draft_tokens=[3], temperatures=[0.0],
+                              batch_sizes=[1, 4, 16], drafts=list(QUICK_DRAFTS))},
+}
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--quick', action='store_true', help='K=3, 4 prompts, 48 new tokens')
-  p.add_argument('--prompts', default=os.path.join(ROOT, '..', 'shared', 'prompts', 'dev.jsonl'))
-  p.add_argument('--kinds', default='chat,grounded')
-  p.add_argument('--num_prompts', type=int, default=0, help='0 = all of the selected kinds')
-  p.add_argument('--max_new_tokens', type=int, default=128)
-  p.add_argument('--ks', default='1,2,3,4,5,6,7,8')
-  p.add_argument('--temperatures', default='0,1')
-  p.add_argument('--drafts', default='ngram,exit_untrained,exit_trained,small,eagle')
-  p.add_argument('--untrained_exit_layer', type=int, default=8)
-  p.add_argument('--exit_draft', default=os.path.join(ROOT, 'drafts', 'smollm2_exit'))
-  p.add_argument('--eagle_draft', default=os.path.join(ROOT, 'drafts', 'smollm2_eagle'))
-  p.add_argument('--small_draft', default=os.path.join(ROOT, 'runs', 'smollm2_small'),
+  p.add_argument('--mode', choices=tuple(MODES), default='speed',
+                 help='speed: batch 1, every draft and K, with the round breakdown and Theorem '
+                 '3.8;\noperations: batch sizes 1..32, latency, throughput, memory, target work')
+  p.add_argument('--quick', action='store_true',
+                 help='speed: K=3, T=0, 4 prompts (unless --num-prompts), 48 new tokens, drafts '
+                 'ngram,exit_trained,eagle;\noperations: batch sizes 1,4,16, 32 new tokens, the '
+                 'same drafts')
+  cli.add_model_flags(p, dtype=False)
+  cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
+  p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
+                 help=f'comma-separated, from {",".join(PROMPT_KINDS)}')
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=None,
+                 help='default: speed 128 (quick 48), operations 64 (quick 32)')
+  p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=None,
+                 help='comma-separated list of K; default: speed 1,...,8 (quick 3), operations 3')
+  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=None,
+                 help='comma-separated list; default: speed 0,1 (quick 0), operations 0')
+  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=None,
+                 help='operations: comma-separated; default 1,2,4,8,16,32 (quick 1,4,16)')
+  p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=None,
+                 help=f'comma-separated, from {",".join(DRAFTS)}; default: all (speed --quick: '
+                 f'{",".join(QUICK_DRAFTS)})')
+  p.add_argument('--untrained-exit-layer', type=cli.positive_int, default=8,
+                 help='exit_untrained: the target\'s first N layers and its head')
+  p.add_argument('--exit-draft', default=os.path.join(ROOT, 'drafts', 'smollm2_exit'))
+  p.add_argument('--eagle-draft', default=os.path.join(ROOT, 'drafts', 'smollm2_eagle'))
+  p.add_argument('--small-draft', default=os.path.join(ROOT, 'runs', 'smollm2_small'),
                  help='made by scripts/train_draft.py --kind small (43 MB, not committed)')
-  p.add_argument('--peers_python', default=None,
+  p.add_argument('--peers-python', type=cli.existing_file, default=None,
                  help='a python with transformers (e.g. .venv-ref/bin/python); none = skip')
-  p.add_argument('--hf_drafts', default='runs/hf_exit,runs/hf_small',
+  p.add_argument('--hf-drafts', default='runs/hf_exit,runs/hf_small',
                  help='comma-separated exported HF drafts for assisted generation')
   p.add_argument('--out', default='runs/benchmark')
   p.add_argument('--seed', type=int, default=0)
-  args = p.parse_args()
-  if args.quick:
-    args.ks, args.num_prompts, args.max_new_tokens = '3', args.num_prompts or 4, 48
+  args = p.parse_args(argv)
+  for name, value in MODES[args.mode][args.quick].items():
+    if getattr(args, name) in (None, 0):
+      setattr(args, name, value)
   return args
 
 
-def _load_prompts(args, tok):
-  with open(args.prompts, encoding='utf-8') as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  kinds = args.kinds.split(',')
-  rows = [r for r in rows if r['kind'] in kinds]
-  if args.num_prompts:  # keep the kinds mixed: round-robin over kinds
-    by_kind = [[r for r in rows if r['kind'] == k] for k in kinds]
-    mixed = [r for group in zip(*by_kind) for r in group]
-    rows = (mixed + [r for r in rows if r not in mixed])[:args.num_prompts]
-  return rows, [tok.encode_chat(r['prompt']) for r in rows]
-
-
 def _build_drafts(args, config, params):
-  """name -> (draft, draft params, extra bytes the draft adds beyond the target's params)."""
+  """name -> (draft, draft params), each through `models.loading.load_draft`; a trained draft
+  whose directory is missing is skipped, saying so."""
+  specs = {'ngram': 'ngram:3', 'exit_untrained': f'early-exit:{args.untrained_exit_layer}',
+           'exit_trained': args.exit_draft, 'small': args.small_draft, 'eagle': args.eagle_draft}
   drafts = {}
-  for name in args.drafts.split(','):
-    if name == 'ngram':
-      drafts[name] = (js.NGramDraft(max_ngram=3), None, 0)
-    elif name == 'exit_untrained':
-      fwd = llama.LlamaForward(config, num_layers=args.untrained_exit_layer)
-      drafts[name] = (js.ModelDraft(fwd, shares_target_cache=True), params, 0)
-    elif name in ('exit_trained', 'small', 'eagle'):
-      path = {'exit_trained': args.exit_draft, 'small': args.small_draft,
-              'eagle': args.eagle_draft}[name]
-      if not os.path.isfile(os.path.join(path, 'draft.json')):
-        print(f'skipping {name}: no draft at {path}')
-        continue
-      draft, dparams = draft_heads.load_trained_draft(path, config, params)
-      target_ids = {id(a) for a in jax.tree.leaves(params)}
-      extra = sum(a.nbytes for a in jax.tree.leaves(dparams) if id(a) not in target_ids)
-      drafts[name] = (draft, dparams, extra)
-    else:
-      raise ValueError(f'unknown draft {name!r}')
+  for name in args.drafts:
+    if not os.path.exists(specs[name]) and ':' not in specs[name]:
+      print(f'skipping {name}: no draft at {specs[name]}')
+      continue
+    drafts[name] = loading.load_draft(specs[name], config, params)
   return drafts
 
 
-def _cache_bytes(draft, buffer_len):
-  """Bytes of the KV cache a draft keeps besides the target's (0 for shared or no cache)."""
-  own_cache = isinstance(draft, js.FeatureDraft) or (isinstance(draft, js.ModelDraft) and
-                                                     not draft.shares_target_cache)
-  if not own_cache:
-    return 0
-  shapes = jax.eval_shape(lambda: draft.forward.init_cache(1, buffer_len))
-  return sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
-
-
-def run_config(params, target, tok, prompts, draft_entry, k, temperature, args, kinds):
-  """Decodes every prompt (batch 1) with one configuration; returns a result dict."""
-  draft, dparams, extra = draft_entry if draft_entry else (None, None, 0)
+def run_config(params, target, tok, prompts, entry, k, temperature, args, kinds):
+  """`jaxspec.bench_rounds.decode_each` with one configuration, plus the MB the draft adds
+  (its own params and KV cache at batch 1)."""
+  draft, dparams = entry or (None, None)
   config = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                            sampling=js.SamplingConfig(temperature=temperature),
                            eos_id=tok.eos_id, pad_id=tok.pad_id)
-  tokens, lengths = prompts
-  t0 = time.perf_counter()
-  run = js.compile_generate(params, dparams, tokens[:1], lengths[:1], [args.seed], target=target,
-                            draft=draft, config=config)
-  compile_s = time.perf_counter() - t0
-  outputs, stats, walls = [], [], []
-  for i in range(len(tokens)):
-    key_i = js.row_keys([args.seed * 1000 + i])
-    t0 = time.perf_counter()
-    out = run(params, dparams, jnp.asarray(tokens[i:i + 1]), jnp.asarray(lengths[i:i + 1]), key_i)
-    jax.block_until_ready(out.tokens)
-    walls.append(time.perf_counter() - t0)
-    outputs.append(out.new_tokens()[0])
-    stats.append(js.summarize(out.metrics))
-  total = {n: sum(s[n] for s in stats) for n in ('new_tokens', 'target_forward_passes',
-                                                 'drafted_tokens', 'accepted_tokens')}
-  wall = sum(walls)
-  by_kind = {}
-  for kind in sorted(set(kinds)):
-    sel = [i for i, x in enumerate(kinds) if x == kind]
-    drafted = sum(stats[i]['drafted_tokens'] for i in sel)
-    new = sum(stats[i]['new_tokens'] for i in sel)
-    by_kind[kind] = dict(
-        tokens_per_s=new / sum(walls[i] for i in sel),
-        acceptance_rate=sum(stats[i]['accepted_tokens'] for i in sel) / max(drafted, 1),
-        mean_accepted_length=new / max(sum(stats[i]['target_forward_passes'] for i in sel), 1))
-  hist = np.sum([np.asarray(s['accepted_length_histogram']) for s in stats], 0).tolist()
-  buffer_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, k)
-  return dict(
-      temperature=temperature, k=k, wall_s=wall, compile_s=compile_s, **total,
-      tokens_per_s=total['new_tokens'] / wall,
-      acceptance_rate=total['accepted_tokens'] / max(total['drafted_tokens'], 1),
-      mean_accepted_length=total['new_tokens'] / max(total['target_forward_passes'], 1),
-      accepted_length_histogram=hist, by_kind=by_kind,
-      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      draft_extra_mb=(extra + _cache_bytes(draft, buffer_len)) / 2**20,
-      outputs=outputs)
+  r = bench_rounds.decode_each(params, dparams, prompts, kinds, target=target, draft=draft,
+                               config=config, seed=args.seed)
+  buffer_len = js.buffer_length(prompts[0].shape[1], args.max_new_tokens, k)
+  r['draft_extra_mb'] = (bench.own_param_bytes(dparams, params) +
+                         bench.draft_cache_bytes(draft, 1, buffer_len)) / 2**20
+  return r
 
 
-def _timeit(fn, state, *args, reps=7):
-  """Median seconds of `state = fn(state, *args)` (buffers donated); returns (seconds, last
-  state). Parameters go in `args`: closed over, they would be compile-time constants."""
-  state = fn(state, *args)  # compile
-  jax.block_until_ready(state)
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    state = fn(state, *args)
-    jax.block_until_ready(state)
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times)), state
-
-
-def time_round_parts(params, target, prompts, drafts, ks, args):
-  """Seconds for: one target step (T=1), prefill, a verify pass of K+1 tokens (forward + greedy
-  verification), and each draft's K-token proposal; caches donated and fed back."""
-  tokens, lengths = prompts
-  tok0, len0 = jnp.asarray(tokens[:1]), jnp.asarray(lengths[:1])
-  buffer_len = js.buffer_length(tokens.shape[1], args.max_new_tokens, max(ks))
-  pos = len0 + args.max_new_tokens // 2
-  zero = jnp.zeros((1,), jnp.int32)
-  out = {'verify_s': {}, 'draft_s': {}}
-  prefill = jax.jit(lambda c, p: target(p, tok0, c, zero)[1], donate_argnums=0)
-  out['prefill_s'], cache = _timeit(prefill, target.init_cache(1, buffer_len), params, reps=3)
-  step = jax.jit(lambda c, p: target(p, tok0[:, :1], c, pos - 1)[1], donate_argnums=0)
-  out['target_step_s'], cache = _timeit(step, cache, params)
-  for k in ks:
-    window = jnp.ones((1, k + 1), jnp.int32)
-
-    def verify(c, p, window=window):
-      logits, c = target(p, window, c, pos - 1)
-      n, nxt = js.verify_greedy(window[:, 1:], logits)
-      return c, n, nxt
-
-    vjit = jax.jit(verify, donate_argnums=0)
-    out['verify_s'][k], (cache, _, _) = _timeit(lambda s, p: vjit(s[0], p), (cache, None, None),
-                                                params)
-  buffer = jnp.pad(tok0, ((0, 0), (0, buffer_len - tok0.shape[1])))
-  keys = js.row_keys([0])
-  for name, (draft, dparams, _) in drafts.items():
-    out['draft_s'][name] = {}
-    for k in ks:
-      feats = None
-      if draft.uses_target_features:  # its state holds a K+1 window of target features
-        _, _, feats = target.with_features(params, tok0, target.init_cache(1, buffer_len), zero)
-      state = draft.init(dparams, js.Prefill(tok0, len0, buffer_len, k, feats))
-      if draft.uses_target_features:
-        state = {**state, 'start': pos - 2}
-
-      def propose(s, c, dp, draft=draft, k=k):
-        # Returns the draft tokens too, or XLA would drop the last token's head and sampling.
-        ctx = js.DraftContext(buffer, pos, c, keys, k, js.SamplingConfig(temperature=0),
-                              target.config.vocab_size, js.noise.DRAFT)
-        proposal = draft.propose(dp, s, ctx)
-        return proposal.state, proposal.target_cache, proposal.tokens
-
-      pjit = jax.jit(propose, donate_argnums=(0, 1))
-      out['draft_s'][name][k], (_, cache, _) = _timeit(lambda st, dp: pjit(st[0], st[1], dp),
-                                                       (state, cache, None), dparams)
-  out['round_s'] = time_rounds(params, target, (tok0, len0), drafts, ks, args)
-  return out
-
-
-def time_rounds(params, target, prompt, drafts, ks, args, num_rounds=4):
-  """Seconds per round of the real decode step (`speculative_step`, greedy) run `num_rounds`
-  times in one `fori_loop` from a prefilled state: what a round costs inside `generate`, all
-  included, with no per-round dispatch. Key 'plain' is the plain (K=0) step."""
-  greedy = js.SamplingConfig(temperature=0)
-  init = jax.jit(js.init_state, static_argnames=('target', 'draft', 'config'))
-  out = {}
-  for name, (draft, dparams, _) in [('plain', (None, None, 0)), *drafts.items()]:
-    for k in ks if draft is not None else [0]:
-      statics = dict(target=target, draft=draft, config=js.DecodeConfig(
-          num_draft_tokens=k, max_new_tokens=args.max_new_tokens, sampling=greedy))
-      state = init(params, dparams, *prompt, js.row_keys([0]), **statics)
-      run = round_loop(statics, num_rounds)
-      jax.block_until_ready(run(state, params, dparams))  # compile
-      times = []
-      for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(state, params, dparams))
-        times.append(time.perf_counter() - t0)
-      out.setdefault(name, {})[k] = float(np.median(times)) / num_rounds
-  return out
-
-
-def run_peers(args, prompts_tok, tok):
+def run_peers(args, prompts_tok, tok, gguf_path):
   """transformers greedy / assisted / prompt lookup in a subprocess (its own python)."""
   os.makedirs(args.out, exist_ok=True)
-  spec = dict(gguf=gguf_loader.default_model_path(), prompts=prompts_tok,
+  spec = dict(gguf=gguf_path, prompts=prompts_tok,
               max_new_tokens=args.max_new_tokens, eos_id=tok.eos_id,
               hf_drafts=[d for d in args.hf_drafts.split(',') if d and os.path.isdir(d)],
-              prompt_lookup_ks=[int(k) for k in args.ks.split(',')][-1:] or [3])
+              prompt_lookup_ks=args.num_draft_tokens[-1:])
   path_in, path_out = (os.path.join(args.out, n) for n in ('peers_in.json', 'peers_out.json'))
   with open(path_in, 'w', encoding='utf-8') as f:
     json.dump(spec, f)
   script = os.path.join(ROOT, 'scripts', 'hf_peer_bench.py')
-  proc = subprocess.run([args.peers_python, script, path_in, path_out], check=False)
+  proc = subprocess.run([args.peers_python, script, '--spec', path_in, '--out', path_out],
+                        check=False)
   if proc.returncode != 0:
     print(f'transformers side failed (exit {proc.returncode}); see its output above')
     return []
   with open(path_out, encoding='utf-8') as f:
     return json.load(f)
-
-
-def add_theory(results, parts, plain_tps):
-  """Per (draft, temperature): alpha from each K's tokens per round, c, Theorem 3.8 and
-  measured-cost predictions per K, and the K the theorem picks."""
-  theory = {}
-  for name in {r['method'] for r in results if r['method'] not in ('plain',)}:
-    if name not in parts['draft_s']:
-      continue
-    for temp in {r['temperature'] for r in results}:
-      rows = [r for r in results if r['method'] == name and r['temperature'] == temp]
-      if not rows:
-        continue
-      alphas = [speedup.alpha_from_tokens_per_round(r['mean_accepted_length'], r['k'])
-                for r in rows]
-      alpha = float(np.median(alphas))
-      step = parts['target_step_s']
-      cs = [parts['draft_s'][name][r['k']] / r['k'] / step for r in rows]
-      c = float(np.median(cs))
-      for r in rows:
-        k = r['k']
-        r['alpha_est'] = alpha
-        r['c'] = parts['draft_s'][name][k] / k / step
-        r['predicted_speedup_thm38'] = speedup.theorem_speedup(alpha, k, r['c'])
-        r['predicted_speedup_measured_cost'] = speedup.measured_cost_speedup(
-            alpha, k, parts['draft_s'][name][k] / k, parts['verify_s'][k],
-            1.0 / plain_tps[temp])
-      theory[f'{name}@T{temp:g}'] = dict(alpha=alpha, c=c, best_k=speedup.best_k(alpha, c, 8))
-  return theory
 
 
 def kind_acc(r):
@@ -358,23 +220,30 @@ def _plots(results, args):
   fig.savefig(os.path.join(args.out, 'accepted_length_hist.png'), dpi=120)
 
 
-def main():
-  args = _parse()
+def main(argv=None):
+  args = _parse(argv)
   plots = importlib.util.find_spec('matplotlib') is not None
   if not plots:
     print("matplotlib is not installed: the plots will be skipped (pip install -e '.[bench]' "
           'to get them)', file=sys.stderr)
   os.makedirs(args.out, exist_ok=True)
-  path = gguf_loader.default_model_path()
-  config, params = gguf_loader.load_gguf(path)
-  tok = tok_lib.load_tokenizer(path)
-  target = llama.LlamaForward(config)
-  rows, prompt_ids = _load_prompts(args, tok)
+  config, params, gguf_path = loading.load_model(args.model)
+  gguf_path = gguf_path or loading.gguf_loader.default_model_path()
+  tok = loading.tokenizer_for(gguf_path)
+  target = loading.forward_for(config)
+  rows = prompt_files.select(prompt_files.read_rows(args.prompts_file), args.prompt_kinds,
+                             args.num_prompts)
+  prompt_ids = [tok.encode_chat(r['prompt']) for r in rows]
+  drafts = _build_drafts(args, config, params)
+  run = _speed if args.mode == 'speed' else _operations
+  run(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path)
+
+
+def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path):
+  """The speed mode: batch 1, every draft, K and temperature; the round breakdown."""
   prompts = js.pad_prompts(prompt_ids, tok.pad_id, bucket=64)
   kinds = [r['kind'] for r in rows]
-  ks = [int(k) for k in args.ks.split(',')]
-  temps = [float(t) for t in args.temperatures.split(',')]
-  drafts = _build_drafts(args, config, params)
+  ks, temps = args.num_draft_tokens, args.temperatures
   print(f'{len(rows)} prompts (padded to {prompts[0].shape[1]} tokens), '
         f'{args.max_new_tokens} new tokens, K in {ks}, T in {temps}, drafts {list(drafts)}')
   results, plain = [], {}
@@ -398,20 +267,27 @@ def main():
   plain_tps = {t: plain[t]['tokens_per_s'] for t in temps}
   for r in results:
     r['speedup_vs_plain'] = r['tokens_per_s'] / plain_tps[r['temperature']]
-  parts = time_round_parts(params, target, prompts, drafts, ks, args)
+  parts = bench_rounds.time_round_parts(params, target, prompts, drafts, ks,
+                                        args.max_new_tokens)
   for r in results:
     if r['method'] in parts['draft_s'] and r['temperature'] == 0:
       r['round_s'] = parts['round_s'][r['method']][r['k']]
       r['draft_round_s'] = parts['draft_s'][r['method']][r['k']]
       r['verify_round_s'] = parts['verify_s'][r['k']]
       r['overhead_round_s'] = r['round_s'] - r['draft_round_s'] - r['verify_round_s']
-  theory = add_theory(results, parts, plain_tps)
-  peers = run_peers(args, [p for p in prompt_ids], tok) if args.peers_python else []
+  theory = bench_rounds.add_theory(results, parts, plain_tps)
+  peers = run_peers(args, prompt_ids, tok, gguf_path) if args.peers_python else []
   hf_greedy = next((p['tokens_per_s'] for p in peers if p['method'] == 'greedy'), None)
   for p in peers:
     p['speedup_vs_plain'] = p['tokens_per_s'] / plain_tps.get(0.0, np.nan)
+  _speed_report(args, rows, results, parts, theory, peers, hf_greedy, plots)
+
+
+def _speed_report(args, rows, results, parts, theory, peers, hf_greedy, plots):
+  """Prints the speed mode's tables and writes results.md, benchmark.json and the plots."""
   table = _fmt_table(results, peers, hf_greedy)
-  breakdown = ['| draft | K | round ms | draft ms | verify ms | other ms |', '|---|---|---|---|---|---|']
+  breakdown = ['| draft | K | round ms | draft ms | verify ms | other ms |',
+               '|---|---|---|---|---|---|']
   for r in results:
     if 'round_s' in r:
       breakdown.append(f"| {r['method']} | {r['k']} | {1e3 * r['round_s']:.1f} | "
@@ -436,6 +312,104 @@ def main():
     _plots(results, args)
   print(f'wrote {args.out}/benchmark.json, results.md'
         + (', speedup_vs_k.png, accepted_length_hist.png' if plots else ''))
+
+
+def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path):
+  """The operations mode: every batch size, plain and each draft (`jaxspec.operations`)."""
+  del gguf_path
+  tokens, lengths = js.pad_prompts(prompt_ids, tok.pad_id, bucket=64)  # one P for every batch
+  k, temp = args.num_draft_tokens[0], args.temperatures[0]
+  print(f'operations: {len(rows)} prompts cycled into batches {args.batch_sizes} (padded to '
+        f'{tokens.shape[1]} tokens), {args.max_new_tokens} new tokens, K={k}, T={temp:g}, '
+        f'drafts {list(drafts)}', flush=True)
+  results = []
+  for b in args.batch_sizes:
+    idx = np.arange(b) % len(rows)
+    for name, (draft, dparams) in [('plain', (None, None)), *drafts.items()]:
+      config = js.DecodeConfig(num_draft_tokens=0 if draft is None else k,
+                               max_new_tokens=args.max_new_tokens,
+                               sampling=js.SamplingConfig(temperature=temp),
+                               eos_id=tok.eos_id, pad_id=tok.pad_id)
+      r = operations.measure(params, dparams, tokens[idx], lengths[idx],
+                             args.seed * 1000 + np.arange(b), target=target, draft=draft,
+                             config=config, reps=1 if args.quick else 3)
+      results.append(dict(method=name, temperature=temp, **r))
+      _write_json(args, rows, results, {})  # so far, in case the run is cut short
+      print(f"B={b} {name}: {r['tokens_per_s']:.1f} tok/s, TTFT {1e3 * r['ttft_s']:.0f} ms, "
+            f"TPOT {1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
+  operations.add_relative(results)
+  stops = operations.stops_paying(results)
+  text = '\n\n'.join([f'command: {" ".join(sys.argv)}', _ops_table(results),
+                       _stops_text(stops, args.batch_sizes)])
+  print(text)
+  with open(os.path.join(args.out, 'operations.md'), 'w', encoding='utf-8') as f:
+    f.write(text + '\n')
+  _write_json(args, rows, results, stops)
+  if plots:
+    _ops_plots(results, args)
+  print(f'wrote {args.out}/operations.json, operations.md'
+        + (', latency_vs_throughput.png, speedup_vs_batch.png' if plots else ''))
+
+
+def _write_json(args, rows, results, stops):
+  with open(os.path.join(args.out, 'operations.json'), 'w', encoding='utf-8') as f:
+    json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
+                   stops_paying=stops, devices=[str(d) for d in jax.devices()]), f, indent=1)
+
+
+def _ops_table(results):
+  mb = lambda r, part: r['memory'][part] / 2**20
+  lines = ['| method | B | TTFT ms | TPOT ms | tok/s | x plain tok/s | x plain TPOT | target work '
+           'x plain | accept | target params MB | draft params MB | target KV MB | draft state '
+           'MB | prefill ms | compile s |', '|---' * 15 + '|']
+  for r in results:
+    lines.append(
+        f"| {r['method']} | {r['batch_size']} | {1e3 * r['ttft_s']:.0f} | "
+        f"{1e3 * r['tpot_s']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f} | "
+        f"{r['latency_speedup']:.2f} | {r['target_work_vs_plain']:.2f} | "
+        f"{r['acceptance_rate']:.3f} | {mb(r, 'target_params'):.0f} | "
+        f"{mb(r, 'draft_params'):.1f} | {mb(r, 'target_kv_cache'):.1f} | "
+        f"{mb(r, 'draft_state'):.1f} | {1e3 * r['prefill_s']:.0f} | {r['compile_s']:.1f} |")
+  return '\n'.join(lines)
+
+
+def _stops_text(stops, batch_sizes):
+  lines = ['where speculation stops paying (throughput below plain decoding from this batch '
+           'size on):']
+  for name, b in stops.items():
+    lines.append(f'- {name}: ' + (f'pays up to the largest batch measured ({max(batch_sizes)})'
+                                  if b is None else
+                                  'never pays' if b == min(batch_sizes) else f'B = {b}'))
+  return '\n'.join(lines)
+
+
+def _ops_plots(results, args):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  methods = sorted({r['method'] for r in results}, key=lambda m: (m != 'plain', m))
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name in methods:
+    rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
+    ax.plot([r['tokens_per_s'] for r in rows], [1e3 * r['tpot_s'] for r in rows], 'o-',
+            label=name)
+    for r in rows:
+      ax.annotate(str(r['batch_size']), (r['tokens_per_s'], 1e3 * r['tpot_s']), fontsize=7)
+  ax.set(title='latency vs throughput (labels: batch size)', xlabel='tokens/s (batch)',
+         ylabel='time per output token (ms)')
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, 'latency_vs_throughput.png'), dpi=120)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name in methods[1:]:
+    rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
+    ax.plot([r['batch_size'] for r in rows], [r['speedup'] for r in rows], 'o-', label=name)
+  ax.axhline(1.0, color='gray', lw=0.8)
+  ax.set(title='speedup vs batch size', xlabel='batch size', xscale='log',
+         ylabel='throughput / plain throughput')
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, 'speedup_vs_batch.png'), dpi=120)
 
 
 if __name__ == '__main__':

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Plain vs speculative decoding of SmolLM2 at temperature 0, for each draft, on one chat and one
-# grounded prompt of shared/prompts/dev.jsonl; one line per (prompt, draft). Usage:
+# grounded prompt of data/dev_prompts.jsonl (evaluation only); one line per (prompt, draft). Usage:
 #   scripts/compare_drafts.sh [MAX_NEW_TOKENS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 MAX_NEW=${1:-128}
 CHAT="Explain in three sentences why leaves change color in autumn."
-GROUNDED=$($PY -c 'import json; print([json.loads(l)["prompt"] for l in open("../shared/prompts/dev.jsonl") if "Rewrite the following" in l][0])')
+GROUNDED=$($PY -c 'import json; print([json.loads(l)["prompt"] for l in open("data/dev_prompts.jsonl") if "Rewrite the following" in l][0])')
 printf '%-9s %-22s %3s %8s %8s %7s %7s %6s %9s\n' prompt draft K plain spec speedup accept tok/pass identical
 for kind in chat grounded; do
   if [ $kind = chat ]; then prompt=$CHAT; else prompt=$GROUNDED; fi

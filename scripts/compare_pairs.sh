@@ -10,7 +10,7 @@ K=${1:-2}; N=${2:-3}; MAX_NEW=${3:-32}
 SMOLLM2=$($PY -c 'from models.gguf_loader import default_model_path as p; print(p())')
 GEMMA=$($PY -c 'from models.gguf_loader import gemma3_270m_path as p; print(p())')
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-grep '"kind": "chat"' ../shared/prompts/dev.jsonl | head -n "$N" > "$tmp/chat.jsonl"
+grep '"kind": "chat"' data/dev_prompts.jsonl | head -n "$N" > "$tmp/chat.jsonl"
 for pair in "$GEMMA $SMOLLM2 gemma3<-smollm2" "$SMOLLM2 $GEMMA smollm2<-gemma3"; do
   set -- $pair
   $PY scripts/decode.py --model "$1" --draft "$2" --prompts-file "$tmp/chat.jsonl" \

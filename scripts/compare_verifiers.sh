@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 TEMP=${1:-0.8}; K=${2:-2}; N=${3:-4}; MAX_NEW=${4:-64}
-DEV=../shared/prompts/dev.jsonl
+DEV=data/dev_prompts.jsonl
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for kind in chat grounded; do
   grep "\"kind\": \"$kind\"" "$DEV" | head -n "$N" > "$tmp/$kind.jsonl"

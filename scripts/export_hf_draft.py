@@ -7,108 +7,41 @@
   projection is zero (so the block is only the adapter's residual SwiGLU MLP, zero-padded to the
   target's MLP width), the adapter's norm and head.
 
-The reduced head becomes a full `lm_head` whose rows outside the draft vocabulary are zero, i.e.
-logit 0 instead of -inf: for greedy assisted generation this only matters where every draft-
-vocabulary logit is negative; transformers' verification keeps the output exact either way.
+Each kind's export is declared in `models.registry` (`models.hf_export` writes the files). The
+reduced head becomes a full `lm_head` whose rows outside the draft vocabulary are zero.
 
-  .venv/bin/python scripts/export_hf_draft.py drafts/smollm2_exit runs/hf_exit
+  .venv/bin/python scripts/export_hf_draft.py --draft drafts/smollm2_exit --out runs/hf_exit
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models import draft_heads, gguf_loader  # pylint: disable=g-import-not-at-top
+from models import cli, loading, registry  # pylint: disable=g-import-not-at-top
 
 
-def _block_to_hf(block, i):
-  """Our block params -> HF tensors `model.layers.{i}.*` ((out, in) layout)."""
-  a, m = block['attn'], block['mlp']
-  t = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
-  d = a['q']['kernel'].shape[0]
-  pre = f'model.layers.{i}.'
-  return {
-      pre + 'self_attn.q_proj.weight': t(np.asarray(a['q']['kernel']).reshape(d, -1).T),
-      pre + 'self_attn.k_proj.weight': t(np.asarray(a['k']['kernel']).reshape(d, -1).T),
-      pre + 'self_attn.v_proj.weight': t(np.asarray(a['v']['kernel']).reshape(d, -1).T),
-      pre + 'self_attn.o_proj.weight': t(np.asarray(a['o']['kernel']).reshape(-1, d).T),
-      pre + 'mlp.gate_proj.weight': t(np.asarray(m['gate']['kernel']).T),
-      pre + 'mlp.up_proj.weight': t(np.asarray(m['up']['kernel']).T),
-      pre + 'mlp.down_proj.weight': t(np.asarray(m['down']['kernel']).T),
-      pre + 'input_layernorm.weight': t(block['attn_norm']['scale']),
-      pre + 'post_attention_layernorm.weight': t(block['mlp_norm']['scale']),
-  }
+def _trained_draft(text: str) -> str:
+  if not os.path.isfile(os.path.join(text, 'draft.json')):
+    raise argparse.ArgumentTypeError(f'{text!r} is not a trained draft (no draft.json)')
+  return text
 
 
-def _adapter_block(config, adapter, like):
-  """A block equal to `x + MLP_adapter(norm(x))`: zero attention output, zero-padded MLP."""
-  f, pad = adapter['gate'].shape[1], config.mlp_dim - adapter['gate'].shape[1]
-  if pad < 0:
-    raise ValueError(f'adapter MLP width {f} exceeds the target MLP width {config.mlp_dim}')
-  z = lambda x: np.zeros_like(np.asarray(x))
-  return {
-      'attn': {'q': {'kernel': like['attn']['q']['kernel']},
-               'k': {'kernel': like['attn']['k']['kernel']},
-               'v': {'kernel': like['attn']['v']['kernel']},
-               'o': {'kernel': z(like['attn']['o']['kernel'])}},
-      'attn_norm': {'scale': np.ones((config.embed_dim,), np.float32)},
-      'mlp': {'gate': {'kernel': np.pad(np.asarray(adapter['gate']), ((0, 0), (0, pad)))},
-              'up': {'kernel': np.pad(np.asarray(adapter['up']), ((0, 0), (0, pad)))},
-              'down': {'kernel': np.pad(np.asarray(adapter['down']), ((0, pad), (0, 0)))}},
-      'mlp_norm': {'scale': np.asarray(adapter['norm'])},
-  }
-
-
-def export(draft_dir, out_dir):
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  config, params = gguf_loader.load_gguf(gguf_loader.default_model_path())
-  forward, dparams, _ = draft_heads.load_draft(draft_dir, config, params)
-  if isinstance(forward, draft_heads.EagleDraftForward):
-    raise SystemExit(f'{draft_dir} is an EAGLE draft: it reads the target\'s hidden features, so '
-                     'it is not a standalone LlamaForCausalLM and cannot be exported as one')
-  if isinstance(forward, draft_heads.ExitDraftForward):
-    n = forward.draft.exit_layer
-    blocks = [params[f'layers_{i}'] for i in range(n)]
-    blocks.append(_adapter_block(config, dparams['adapter'], params['layers_0']))
-    final_norm, head = dparams['adapter']['final_norm'], dparams['adapter']['head']
-  else:
-    n = len(forward.draft.source_layers)
-    blocks = [dparams['blocks'][f'layers_{i}'] for i in range(n)]
-    final_norm, head = dparams['blocks']['final_norm']['scale'], dparams['head']
-  tensors = {'model.embed_tokens.weight': np.asarray(params['embed']['embedding'], np.float32),
-             'model.norm.weight': np.asarray(final_norm, np.float32)}
-  for i, block in enumerate(blocks):
-    tensors.update(_block_to_hf(block, i))
-  lm_head = np.zeros((config.vocab_size, config.embed_dim), np.float32)
-  lm_head[np.asarray(dparams['vocab_ids'])] = np.asarray(head, np.float32)
-  tensors['lm_head.weight'] = lm_head
-  os.makedirs(out_dir, exist_ok=True)
-  save_file(tensors, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
-  hf_config = dict(
-      architectures=['LlamaForCausalLM'], model_type='llama', hidden_size=config.embed_dim,
-      intermediate_size=config.mlp_dim, num_hidden_layers=len(blocks),
-      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-      head_dim=config.head_dim, rms_norm_eps=config.norm_eps, rope_theta=config.rope_theta,
-      vocab_size=config.vocab_size, tie_word_embeddings=False, hidden_act='silu',
-      attention_bias=False, mlp_bias=False, max_position_embeddings=8192, bos_token_id=1,
-      eos_token_id=2, pad_token_id=2, torch_dtype='float32')
-  with open(os.path.join(out_dir, 'config.json'), 'w', encoding='utf-8') as f:
-    json.dump(hf_config, f, indent=2)
-  print(f'wrote {out_dir}: LlamaForCausalLM with {len(blocks)} layers')
-
-
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('draft_dir')
-  p.add_argument('out_dir')
-  args = p.parse_args()
-  export(args.draft_dir, args.out_dir)
+  p.add_argument('--draft', required=True, type=_trained_draft,
+                 help='a trained draft directory (draft.json + draft.safetensors)')
+  p.add_argument('--out', required=True, help='the Hugging Face directory to write')
+  cli.add_model_flags(p, dtype=False)
+  args = p.parse_args(argv)
+  config, params, _ = loading.load_model(args.model)
+  try:
+    layers = registry.export_hf_draft(args.draft, args.out, config, params)
+  except ValueError as e:
+    raise SystemExit(f'error: {e}') from None
+  print(f'wrote {args.out}: LlamaForCausalLM with {layers} layers')
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
 """The transformers side of scripts/benchmark.py, run with a python that has transformers and
-torch (`.venv-ref/bin/python scripts/hf_peer_bench.py IN.json OUT.json`; it never imports jax).
+torch (`.venv-ref/bin/python scripts/hf_peer_bench.py --spec IN.json --out OUT.json`; it never
+imports jax, and imports torch only once it runs, so `--help` works without it).
 
 IN.json: {gguf, prompts: [[token ids]], max_new_tokens, eos_id, hf_drafts: [dirs],
 prompt_lookup_ks: [K]}. Greedy only (do_sample=False). Each method runs the first prompt once to
@@ -7,16 +8,13 @@ warm up, then every prompt once, batch 1; OUT.json lists {method, k, tokens_per_
 wall_s, load_s, outputs}.
 """
 
+import argparse
 import json
 import os
-import sys
 import time
 
-import torch
-import transformers
 
-
-def _run(model, prompts, max_new_tokens, eos_id, **kwargs):
+def _run(torch, model, prompts, max_new_tokens, eos_id, **kwargs):
   def one(ids):
     x = torch.tensor([ids])
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
@@ -33,8 +31,19 @@ def _run(model, prompts, max_new_tokens, eos_id, **kwargs):
   return dict(tokens_per_s=n / wall, new_tokens=n, wall_s=wall, outputs=outputs)
 
 
-def main():
-  spec = json.load(open(sys.argv[1], encoding='utf-8'))
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--spec', required=True, help='IN.json, written by scripts/benchmark.py')
+  p.add_argument('--out', required=True, help='OUT.json to write')
+  args = p.parse_args(argv)
+  with open(args.spec, encoding='utf-8') as f:
+    spec = json.load(f)
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise SystemExit(f'{e}: this script needs `pip install -e ".[peers]"` (transformers, '
+                     'accelerate, torch) in the python that runs it') from None
   torch.manual_seed(0)
   t0 = time.perf_counter()
   model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -42,13 +51,14 @@ def main():
       torch_dtype=torch.float32)
   model.eval()
   load_s = time.perf_counter() - t0
-  args = (model, spec['prompts'], spec['max_new_tokens'], spec['eos_id'])
+  run_args = (torch, model, spec['prompts'], spec['max_new_tokens'], spec['eos_id'])
   results = []
   with torch.inference_mode():
-    results.append(dict(method='greedy', load_s=load_s, **_run(*args)))
+    results.append(dict(method='greedy', load_s=load_s, **_run(*run_args)))
     print(f"transformers greedy: {results[-1]['tokens_per_s']:.1f} tok/s", flush=True)
     for k in spec['prompt_lookup_ks']:
-      results.append(dict(method='prompt_lookup', k=k, **_run(*args, prompt_lookup_num_tokens=k)))
+      results.append(dict(method='prompt_lookup', k=k,
+                          **_run(*run_args, prompt_lookup_num_tokens=k)))
       print(f"transformers prompt lookup K={k}: {results[-1]['tokens_per_s']:.1f} tok/s",
             flush=True)
     for d in spec['hf_drafts']:
@@ -56,13 +66,14 @@ def main():
       assistant = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
       assistant.eval()
       results.append(dict(method=f'assisted:{os.path.basename(d.rstrip("/"))}',
-                          load_s=time.perf_counter() - t0, **_run(*args, assistant_model=assistant)))
+                          load_s=time.perf_counter() - t0,
+                          **_run(*run_args, assistant_model=assistant)))
       print(f"transformers {results[-1]['method']}: {results[-1]['tokens_per_s']:.1f} tok/s",
             flush=True)
   greedy = results[0]['outputs']
   for r in results[1:]:
     r['matches_greedy'] = r['outputs'] == greedy
-  with open(sys.argv[2], 'w', encoding='utf-8') as f:
+  with open(args.out, 'w', encoding='utf-8') as f:
     json.dump(results, f)
 
 

@@ -1,26 +1,25 @@
 """Makes draft-training data with the target itself (DistillSpec): continuations and teacher
 distributions.
 
-1. Chat-encodes every prompt of `--prompts` (default `data/train_prompts.jsonl`, disjoint from the
-   evaluation prompts in `shared/prompts/dev.jsonl`) and lets the target continue them with
-   `jaxspec.generate` on batches of prompts: greedily, and at temperature 1 (`--sampled_fraction`
-   continuations a prompt on average).
-2. Runs the target once over every full sequence and keeps its top-`--top_k` log-probabilities
-   at every position (the teacher distributions for a forward-KL loss).
+1. Chat-encodes every prompt of `--prompts-file` (default `data/train_prompts.jsonl`; a file with
+   any evaluation prompt of `data/dev_prompts.jsonl` is refused) and lets the target continue
+   them with `jaxspec.generate` on batches of prompts: greedily, and at temperature 1
+   (`--sampled-fraction` continuations a prompt on average).
+2. Runs the target once over every full sequence and keeps its top-`--teacher-top-k`
+   log-probabilities at every position (the teacher distributions for a forward-KL loss).
 
 Writes one `.npz` (`--out`, default `runs/draft_data.npz`): `tokens` [N] int32 (all sequences
 concatenated), `offsets` [R+1], `prompt_lengths` [R], `teacher_ids` / `teacher_logp` [N, top_k]
 (position i predicts token i+1 of its row), `sampled` [R] bool.
 
   .venv/bin/python scripts/make_draft_data.py            # 41 min on a shared 2-core CPU
-  .venv/bin/python scripts/make_draft_data.py --skip_greedy --sampled_fraction 2 --seed 1 \
+  .venv/bin/python scripts/make_draft_data.py --skip-greedy --sampled-fraction 2 --seed 1 \
       --out runs/draft_data_2.npz                         # more: two sampled answers a prompt
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,26 +31,28 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jaxspec as js  # pylint: disable=g-import-not-at-top
-from models import gguf_loader, llama, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+from models import cli, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--prompts', default='data/train_prompts.jsonl')
+  cli.add_model_flags(p, dtype=False)
+  cli.add_prompt_flags(p, prompt_files.TRAIN_PROMPTS)
   p.add_argument('--out', default='runs/draft_data.npz')
-  p.add_argument('--max_new_tokens', type=int, default=128)
-  p.add_argument('--max_prompt_tokens', type=int, default=192)
-  p.add_argument('--batch_size', type=int, default=32)
-  p.add_argument('--sampled_fraction', type=float, default=0.25,
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
+  p.add_argument('--max-prompt-tokens', type=cli.positive_int, default=192,
+                 help='longer (chat-encoded) prompts are left out')
+  p.add_argument('--batch-size', type=cli.positive_int, default=32)
+  p.add_argument('--sampled-fraction', type=cli.nonnegative_float, default=0.25,
                  help='sampled continuations at temperature 1 per prompt (2.5 = every prompt '
                  'twice, half of them a third time)')
-  p.add_argument('--skip_greedy', action='store_true',
+  p.add_argument('--skip-greedy', action='store_true',
                  help='only sampled continuations (e.g. a second file with another --seed)')
-  p.add_argument('--top_k', type=int, default=16, help='teacher log-probs kept per position')
-  p.add_argument('--teacher_batch', type=int, default=8)
-  p.add_argument('--limit', type=int, default=0, help='use only the first N prompts (0 = all)')
+  p.add_argument('--teacher-top-k', type=cli.positive_int, default=16,
+                 help='teacher log-probs kept per position')
+  p.add_argument('--teacher-batch-size', type=cli.positive_int, default=8)
   p.add_argument('--seed', type=int, default=0)
-  return p.parse_args()
+  return p.parse_args(argv)
 
 
 def _generate(params, forward, prompts, tok, args, sampling, seed, desc):
@@ -80,15 +81,15 @@ def _teacher(params, forward, seqs, args, pad_id):
   def topk(toks):
     b, t = toks.shape
     logits, _ = forward(params, toks, forward.init_cache(b, t), jnp.zeros((b,), jnp.int32))
-    logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), args.top_k)
+    logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), args.teacher_top_k)
     return ids.astype(jnp.int32), logp.astype(jnp.float16)
 
   order = np.argsort([len(s) for s in seqs])
   ids_out, logp_out = [None] * len(seqs), [None] * len(seqs)
-  for i in tqdm(range(0, len(order), args.teacher_batch), desc='teacher'):
-    idx = order[i:i + args.teacher_batch]
+  for i in tqdm(range(0, len(order), args.teacher_batch_size), desc='teacher'):
+    idx = order[i:i + args.teacher_batch_size]
     batch = [seqs[j] for j in idx]
-    batch += [batch[-1]] * (args.teacher_batch - len(batch))
+    batch += [batch[-1]] * (args.teacher_batch_size - len(batch))
     toks, _ = js.pad_prompts(batch, pad_id, bucket=64)
     ids, logp = (np.asarray(a) for a in topk(jnp.asarray(toks)))
     for r, j in enumerate(idx):
@@ -96,17 +97,19 @@ def _teacher(params, forward, seqs, args, pad_id):
   return ids_out, logp_out
 
 
-def main():
-  args = _parse()
+def main(argv=None):
+  args = _parse(argv)
+  rows = prompt_files.read_rows(args.prompts_file)
+  try:
+    prompt_files.check_not_evaluation(rows, args.prompts_file)  # before anything loads
+  except ValueError as e:
+    raise SystemExit(f'error: {e}') from None
+  if args.num_prompts:
+    rows = rows[:args.num_prompts]
   t0 = time.time()
-  path = gguf_loader.default_model_path()
-  config, params = gguf_loader.load_gguf(path)
-  tok = tok_lib.load_tokenizer(path)
-  forward = llama.LlamaForward(config)
-  with open(args.prompts, encoding='utf-8') as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  if args.limit:
-    rows = rows[:args.limit]
+  config, params, gguf_path = loading.load_model(args.model)
+  tok = loading.tokenizer_for(gguf_path)
+  forward = loading.forward_for(config)
   prompts = [tok.encode_chat(r['prompt']) for r in rows]
   prompts = [p for p in prompts if len(p) <= args.max_prompt_tokens]
   seqs, plens = [], []

@@ -96,7 +96,7 @@ def test_convert_script_and_sharded_restore(tiny_gguf, tmp_path):
   """scripts/convert.py writes the checkpoint; 8 fake devices restore it sharded, bit-exactly."""
   out = str(tmp_path / 'ckpt')
   proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'convert.py'),
-                         '--src', tiny_gguf, '--out', out], cwd=ROOT, capture_output=True,
+                         '--model', tiny_gguf, '--out', out], cwd=ROOT, capture_output=True,
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = run_worker(os.path.abspath(__file__), tiny_gguf, out)

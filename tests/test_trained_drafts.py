@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxspec as js
-from models import draft_heads, llama
+from models import draft_heads, llama, registry
 from tests import toys
 
 DRAFTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts')
@@ -120,9 +120,9 @@ def test_save_load_round_trip(tmp_path):
   params = llama.init_params(config, jax.random.key(0))
   vocab_ids = np.arange(10, dtype=np.int32)
   (draft, draft_params), *_ = _drafts(config, params, vocab_ids)
-  draft_heads.save_draft(str(tmp_path), 'exit', draft.forward.draft, draft_params['adapter'],
+  registry.save_draft(str(tmp_path), 'exit', draft.forward.draft, draft_params['adapter'],
                          vocab_ids, dtype='float32')
-  forward, loaded, shares = draft_heads.load_draft(str(tmp_path), config, params)
+  forward, loaded, shares = registry.load_draft(str(tmp_path), config, params)
   assert shares and forward == draft.forward
   assert loaded['target'] is params
   tokens, start = jnp.asarray([[1, 2, 3]]), jnp.zeros((1,), jnp.int32)
@@ -141,7 +141,7 @@ def test_committed_draft_greedy_equals_plain_on_smollm2(name):
   except FileNotFoundError:
     pytest.skip('SmolLM2 is not installed')
   config, params = gguf_loader.load_gguf(path)
-  draft, draft_params = draft_heads.load_trained_draft(draft_dir, config, params)
+  draft, draft_params = registry.load_trained_draft(draft_dir, config, params)
   target = llama.LlamaForward(config)
   from models import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   prompt = tok_lib.load_tokenizer(path).encode_chat('Name three primary colors.')
@@ -162,9 +162,9 @@ def test_eagle_save_load_round_trip(tmp_path):
   vocab_ids = np.arange(10, dtype=np.int32)
   draft, draft_params = _drafts(config, params, vocab_ids)[2]
   trainable = {k: draft_params[k] for k in ('fc', 'fc_bias', 'block', 'norm')}
-  draft_heads.save_draft(str(tmp_path), 'eagle', draft.forward.draft, trainable, vocab_ids,
+  registry.save_draft(str(tmp_path), 'eagle', draft.forward.draft, trainable, vocab_ids,
                          dtype='float32')
-  loaded_draft, loaded = draft_heads.load_trained_draft(str(tmp_path), config, params)
+  loaded_draft, loaded = registry.load_trained_draft(str(tmp_path), config, params)
   assert isinstance(loaded_draft, js.FeatureDraft) and loaded_draft.forward == draft.forward
   tokens, start = jnp.asarray([[1, 2, 3]]), jnp.zeros((1,), jnp.int32)
   feats = jax.random.normal(jax.random.key(2), (1, 3, config.embed_dim))

@@ -1,0 +1,183 @@
+"""The measurements of `scripts/benchmark.py`: decoding prompt by prompt with one configuration,
+the pieces of a round timed on their own and inside the loop, and Leviathan et al.'s Theorem 3.8
+predictions from the measured alpha and costs (`jaxspec.speedup`).
+
+A draft entry is `(draft, draft params)`; a target is a `jaxspec.contracts.FeatureModel` where a
+draft reads its features. Shapes: P prompt length (padded), B prompts.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import noise, speedup
+from jaxspec.bench import round_loop, timed_donated
+from jaxspec.contracts import DraftContext, Prefill, buffer_length
+from jaxspec.loop import DecodeConfig, compile_generate, init_state
+from jaxspec.metrics import summarize
+from jaxspec.noise import row_keys
+from jaxspec.sampling import SamplingConfig
+from jaxspec.verify import verify_greedy
+
+
+def decode_each(params, draft_params, prompts, kinds: list[str], *, target, draft,
+                config: DecodeConfig, seed: int) -> dict:
+  """Decodes every prompt alone (batch 1; one compile for all, since they share a padded length)
+  with one configuration. `prompts` is (tokens [B,P] int32, lengths [B]); `kinds` names each
+  prompt's kind (chat, grounded, ...); prompt i samples with seed `seed * 1000 + i`. Returns a
+  dict: temperature, k, wall_s, compile_s, new_tokens, target_forward_passes, drafted_tokens,
+  accepted_tokens, tokens_per_s, acceptance_rate, mean_accepted_length,
+  accepted_length_histogram, by_kind {kind: tokens_per_s, acceptance_rate,
+  mean_accepted_length}, peak_rss_mb (the process's, so far), outputs (token lists)."""
+  tokens, lengths = prompts
+  t0 = time.perf_counter()
+  run = compile_generate(params, draft_params, tokens[:1], lengths[:1], [seed], target=target,
+                         draft=draft, config=config)
+  compile_s = time.perf_counter() - t0
+  outputs, stats, walls = [], [], []
+  for i in range(len(tokens)):
+    key_i = row_keys([seed * 1000 + i])
+    t0 = time.perf_counter()
+    out = run(params, draft_params, jnp.asarray(tokens[i:i + 1]), jnp.asarray(lengths[i:i + 1]),
+              key_i)
+    jax.block_until_ready(out.tokens)
+    walls.append(time.perf_counter() - t0)
+    outputs.append(out.new_tokens()[0])
+    stats.append(summarize(out.metrics))
+  total = {n: sum(s[n] for s in stats) for n in ('new_tokens', 'target_forward_passes',
+                                                 'drafted_tokens', 'accepted_tokens')}
+  by_kind = {}
+  for kind in sorted(set(kinds)):
+    sel = [i for i, x in enumerate(kinds) if x == kind]
+    by_kind[kind] = _rates([stats[i] for i in sel], sum(walls[i] for i in sel))
+  hist = np.sum([np.asarray(s['accepted_length_histogram']) for s in stats], 0).tolist()
+  return dict(
+      temperature=config.sampling.temperature, k=config.num_draft_tokens, wall_s=sum(walls),
+      compile_s=compile_s, **total, **_rates(stats, sum(walls)), accepted_length_histogram=hist,
+      by_kind=by_kind, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      outputs=outputs)
+
+
+def _rates(stats, wall):
+  new = sum(s['new_tokens'] for s in stats)
+  return dict(tokens_per_s=new / wall,
+              acceptance_rate=sum(s['accepted_tokens'] for s in stats) / max(
+                  sum(s['drafted_tokens'] for s in stats), 1),
+              mean_accepted_length=new / max(sum(s['target_forward_passes'] for s in stats), 1))
+
+
+def time_round_parts(params, target, prompts, drafts: dict, ks, max_new_tokens: int) -> dict:
+  """Seconds of the pieces of a round, at batch 1, on the first prompt, at cache position
+  prompt length + max_new_tokens // 2: one target step (T=1), prefill, a verify pass of K+1
+  tokens (forward + greedy verification) per K in `ks`, each draft's K-token proposal; caches
+  donated and fed back. `prompts` is (tokens [B,P] int32, lengths [B]) from `pad_prompts`;
+  `drafts` maps a name to (draft, draft params). Returns {'prefill_s', 'target_step_s',
+  'verify_s': {K: s}, 'draft_s': {name: {K: s}}, 'round_s': `time_rounds`'s}."""
+  tokens, lengths = prompts
+  tok0, len0 = jnp.asarray(tokens[:1]), jnp.asarray(lengths[:1])
+  buffer_len = buffer_length(tokens.shape[1], max_new_tokens, max(ks))
+  pos = len0 + max_new_tokens // 2
+  zero = jnp.zeros((1,), jnp.int32)
+  out = {'verify_s': {}, 'draft_s': {}}
+  prefill = jax.jit(lambda c, p: target(p, tok0, c, zero)[1], donate_argnums=0)
+  out['prefill_s'], cache = timed_donated(prefill, target.init_cache(1, buffer_len), params,
+                                          reps=3)
+  step = jax.jit(lambda c, p: target(p, tok0[:, :1], c, pos - 1)[1], donate_argnums=0)
+  out['target_step_s'], cache = timed_donated(step, cache, params)
+  for k in ks:
+    window = jnp.ones((1, k + 1), jnp.int32)
+
+    def verify(c, p, window=window):
+      logits, c = target(p, window, c, pos - 1)
+      n, nxt = verify_greedy(window[:, 1:], logits)
+      return c, n, nxt
+
+    vjit = jax.jit(verify, donate_argnums=0)
+    out['verify_s'][k], (cache, _, _) = timed_donated(lambda s, p: vjit(s[0], p),
+                                                      (cache, None, None), params)
+  buffer = jnp.pad(tok0, ((0, 0), (0, buffer_len - tok0.shape[1])))
+  keys = row_keys([0])
+  for name, (draft, dparams) in drafts.items():
+    out['draft_s'][name] = {}
+    for k in ks:
+      feats = None
+      if draft.uses_target_features:  # its state holds a K+1 window of target features
+        _, _, feats = target.with_features(params, tok0, target.init_cache(1, buffer_len), zero)
+      state = draft.init(dparams, Prefill(tok0, len0, buffer_len, k, feats))
+      if draft.uses_target_features:
+        state = {**state, 'start': pos - 2}
+
+      def propose(s, c, dp, draft=draft, k=k):
+        # Returns the draft tokens too, or XLA would drop the last token's head and sampling.
+        ctx = DraftContext(buffer, pos, c, keys, k, SamplingConfig(temperature=0),
+                           target.config.vocab_size, noise.DRAFT)
+        proposal = draft.propose(dp, s, ctx)
+        return proposal.state, proposal.target_cache, proposal.tokens
+
+      pjit = jax.jit(propose, donate_argnums=(0, 1))
+      out['draft_s'][name][k], (_, cache, _) = timed_donated(
+          lambda st, dp: pjit(st[0], st[1], dp), (state, cache, None), dparams)
+  out['round_s'] = time_rounds(params, target, (tok0, len0), drafts, ks, max_new_tokens)
+  return out
+
+
+def time_rounds(params, target, prompt, drafts: dict, ks, max_new_tokens: int,
+                num_rounds: int = 4) -> dict:
+  """Seconds per round of the real decode step (`speculative_step`, greedy) run `num_rounds`
+  times in one `fori_loop` from a prefilled state: what a round costs inside `generate`, all
+  included, with no per-round dispatch. `prompt` is (tokens [1,P], lengths [1]). Returns
+  {name: {K: seconds}}; key 'plain' is the plain (K=0) step."""
+  greedy = SamplingConfig(temperature=0)
+  init = jax.jit(init_state, static_argnames=('target', 'draft', 'config'))
+  out = {}
+  for name, (draft, dparams) in [('plain', (None, None)), *drafts.items()]:
+    for k in ks if draft is not None else [0]:
+      statics = dict(target=target, draft=draft, config=DecodeConfig(
+          num_draft_tokens=k, max_new_tokens=max_new_tokens, sampling=greedy))
+      state = init(params, dparams, *prompt, row_keys([0]), **statics)
+      run = round_loop(statics, num_rounds)
+      jax.block_until_ready(run(state, params, dparams))  # compile
+      times = []
+      for _ in range(3):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(state, params, dparams))
+        times.append(time.perf_counter() - t0)
+      out.setdefault(name, {})[k] = float(np.median(times)) / num_rounds
+  return out
+
+
+def add_theory(results: list, parts: dict, plain_tps: dict) -> dict:
+  """Per (draft, temperature): alpha from each K's tokens per round, c, Theorem 3.8 and
+  measured-cost predictions per K (added to each result row in place), and the K the theorem
+  picks. `results` are `decode_each` rows with a 'method' key, `parts` is `time_round_parts`'s,
+  `plain_tps` maps a temperature to plain decoding's tokens/s. Returns {'name@Ttemp': {alpha, c,
+  best_k}}."""
+  theory = {}
+  for name in {r['method'] for r in results if r['method'] not in ('plain',)}:
+    if name not in parts['draft_s']:
+      continue
+    for temp in {r['temperature'] for r in results}:
+      rows = [r for r in results if r['method'] == name and r['temperature'] == temp]
+      if not rows:
+        continue
+      alphas = [speedup.alpha_from_tokens_per_round(r['mean_accepted_length'], r['k'])
+                for r in rows]
+      alpha = float(np.median(alphas))
+      step = parts['target_step_s']
+      cs = [parts['draft_s'][name][r['k']] / r['k'] / step for r in rows]
+      c = float(np.median(cs))
+      for r in rows:
+        k = r['k']
+        r['alpha_est'] = alpha
+        r['c'] = parts['draft_s'][name][k] / k / step
+        r['predicted_speedup_thm38'] = speedup.theorem_speedup(alpha, k, r['c'])
+        r['predicted_speedup_measured_cost'] = speedup.measured_cost_speedup(
+            alpha, k, parts['draft_s'][name][k] / k, parts['verify_s'][k],
+            1.0 / plain_tps[temp])
+      theory[f'{name}@T{temp:g}'] = dict(alpha=alpha, c=c, best_k=speedup.best_k(alpha, c, 8))
+  return theory

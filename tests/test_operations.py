@@ -1,0 +1,61 @@
+"""The operations view (jaxspec/operations.py) on a tiny Llama: the memory split follows the array
+shapes, plain decoding does one target position per committed token, a draft with its own model
+adds its params and KV cache, and `stops_paying` names the batch size from which a draft stays
+below plain decoding."""
+
+import jax
+import numpy as np
+
+import jaxspec as js
+from jaxspec import operations
+from models import llama
+
+
+def _measure(draft, dparams, k, batch):
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  tokens, lengths = js.pad_prompts([[1, 2, 3, 1, 2, 3]] * batch, bucket=8)
+  decode = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=8,
+                           sampling=js.SamplingConfig(temperature=0))
+  target = llama.LlamaForward(config)
+  draft_params = params if dparams == 'target' else dparams
+  return config, params, operations.measure(params, draft_params, tokens, lengths,
+                                            np.arange(batch), target=target, draft=draft,
+                                            config=decode)
+
+
+def test_plain_memory_split_and_work():
+  config, params, r = _measure(None, None, 0, 2)
+  s = js.buffer_length(8, 8, 0)
+  kv = 2 * config.num_layers * 2 * s * config.num_kv_heads * config.head_dim * 4  # K and V, f32
+  assert r['memory']['target_kv_cache'] >= kv
+  assert r['memory']['target_params'] == sum(a.nbytes for a in jax.tree.leaves(params))
+  assert r['memory']['draft_params'] == 0 and r['memory']['draft_state'] == 0
+  assert r['target_positions_per_token'] == 1.0
+  assert r['new_tokens'] == 16 and r['tokens_per_s'] > 0 and r['ttft_s'] >= r['prefill_s'] > 0
+
+
+def test_draft_model_adds_its_params_and_cache():
+  config = llama.LlamaConfig.tiny(num_layers=1)
+  dparams = llama.init_params(config, jax.random.key(1))
+  _, _, r = _measure(js.ModelDraft(llama.LlamaForward(config)), dparams, 2, 1)
+  assert r['memory']['draft_params'] == sum(a.nbytes for a in jax.tree.leaves(dparams))
+  assert r['memory']['draft_state'] > 0
+  assert r['target_positions_per_token'] >= 1.0  # W = 3 positions per pass, >= 1 token a pass
+  _, _, shared = _measure(js.ModelDraft(llama.LlamaForward(llama.LlamaConfig.tiny(),
+                                                           num_layers=1),
+                                        shares_target_cache=True), 'target', 2, 1)
+  assert shared['memory']['draft_params'] == 0 and shared['memory']['draft_state'] == 0
+
+
+def test_stops_paying():
+  rows = [dict(method=m, batch_size=b, tokens_per_s=t, tpot_s=1 / t,
+               target_positions_per_token=w)
+          for m, b, t, w in [('plain', 1, 10, 1), ('plain', 4, 30, 1), ('plain', 16, 80, 1),
+                             ('a', 1, 15, 2), ('a', 4, 31, 2), ('a', 16, 60, 2),
+                             ('b', 1, 9, 2), ('b', 4, 20, 2), ('b', 16, 70, 2),
+                             ('c', 1, 11, 2), ('c', 4, 40, 2), ('c', 16, 90, 2)]]
+  operations.add_relative(rows)
+  assert operations.stops_paying(rows) == {'a': 16, 'b': 1, 'c': None}
+  a16 = next(r for r in rows if r['method'] == 'a' and r['batch_size'] == 16)
+  assert a16['speedup'] == 0.75 and a16['target_work_vs_plain'] == 2
