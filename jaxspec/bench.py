@@ -1,5 +1,6 @@
 """Timing primitives and benchmark-only drafts for the `scripts/bench_*.py` and
-`scripts/benchmark.py` measurements (never used by decoding itself).
+`scripts/benchmark.py` measurements, and for `jaxspec.schedule.measure_round_costs` (the round
+costs an adaptive K is chosen from).
 
 Every timed job is a jitted function whose loop (`lax.fori_loop`) runs inside one compiled
 program, so no per-step dispatch is in the time. Models are `jaxspec.contracts.Model` callables

