@@ -181,3 +181,59 @@ def add_theory(results: list, parts: dict, plain_tps: dict) -> dict:
             1.0 / plain_tps[temp])
       theory[f'{name}@T{temp:g}'] = dict(alpha=alpha, c=c, best_k=speedup.best_k(alpha, c, 8))
   return theory
+
+
+def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) -> dict:
+  """Each method compiled once, then timed over the same batches, interleaved: every repeat runs
+  every method on every batch in turn (a burst of load on a shared machine hits all alike), and
+  a method's time on a batch is its best.
+
+  Args:
+    params: the target's params; target: its `Model`.
+    batches: (tokens `[B,P]` int32, lengths `[B]`, seeds `[B]`) each, all of one shape.
+    methods: name -> (draft or None, draft params, `DecodeConfig`).
+  Returns:
+    name -> dict: tok_s (committed tokens / summed best seconds), seconds, compile_s,
+    new_tokens, acceptance, tokens_per_pass, position_acceptance (per drafted position, None
+    where never examined), rounds_by_k, tokens (every row's generated ids, batches in order).
+  """
+  compiled = {}
+  for name, (draft, dp, config) in methods.items():
+    compiled[name] = _wall(lambda: compile_generate(
+        params, dp, *batches[0], target=target, draft=draft, config=config))
+  best = {name: [float('inf')] * len(batches) for name in methods}
+  outs = {name: [None] * len(batches) for name in methods}
+  for _ in range(repeats):
+    for i, (tokens, lengths, seeds) in enumerate(batches):
+      for name, (draft, dp, _) in methods.items():
+        out, s = _wall(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
+                                                         row_keys(seeds))))
+        best[name][i], outs[name][i] = min(best[name][i], s), out
+  return {name: _method_summary(outs[name], sum(best[name]), compiled[name][1]) for name in methods}
+
+
+def _method_summary(outs, seconds, compile_s):
+  metrics = [summarize(o.metrics) for o in outs]
+  total = lambda key: sum(m[key] for m in metrics)
+  reached, accepted = (sum(np.asarray(getattr(o.metrics, f)).sum(0) for o in outs)
+                       for f in ('position_reached', 'position_accepted'))
+  return {'tok_s': total('new_tokens') / seconds, 'seconds': seconds, 'compile_s': compile_s,
+          'new_tokens': total('new_tokens'),
+          'acceptance': (total('accepted_tokens') / total('drafted_tokens')
+                         if total('drafted_tokens') else 0.0),
+          'tokens_per_pass': total('new_tokens') / total('target_forward_passes'),
+          'position_acceptance': [round(float(x / n), 3) if n else None
+                                  for x, n in zip(accepted, reached)],
+          'rounds_by_k': np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist(),
+          'tokens': [t for o in outs for t in o.new_tokens()]}
+
+
+def _blocked(out):
+  out.tokens.block_until_ready()
+  return out
+
+
+def _wall(fn):
+  t0 = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - t0

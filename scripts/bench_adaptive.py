@@ -22,44 +22,46 @@ import time
 import numpy as np
 
 import jaxspec as js
-from jaxspec import speedup
-from models import loading, tokenizer as tok_lib
+from jaxspec import bench_rounds, speedup
+from models import cli, loading, prompts as prompt_files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRAFTS = ','.join(['ngram', os.path.join(ROOT, 'drafts', 'smollm2_exit'),
-                   os.path.join(ROOT, 'drafts', 'smollm2_eagle')])
-
-
-def _ints(text):
-  return [int(x) for x in text.split(',') if x]
+DRAFTS = ','.join(['ngram', os.path.join(cli.ROOT, 'drafts', 'smollm2_exit'),
+                   os.path.join(cli.ROOT, 'drafts', 'smollm2_eagle')])
+PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--model', help='target checkpoint; default: SmolLM2-135M-Instruct')
-  p.add_argument('--drafts', default=DRAFTS, help='comma-separated draft specs (decode.py --draft)')
-  p.add_argument('--prompts', default=os.path.join(ROOT, '..', 'shared', 'prompts', 'dev.jsonl'))
-  p.add_argument('--kinds', default='chat,grounded')
-  p.add_argument('--num-prompts', type=int, default=4, help='prompts per kind')
-  p.add_argument('--max-new-tokens', type=int, default=64)
-  p.add_argument('--num-draft-tokens', type=_ints, default=[1, 2, 3, 4], help='the fixed Ks')
-  p.add_argument('--max-draft-tokens', type=int, default=4, help='the largest K auto may pick')
-  p.add_argument('--temperatures', type=lambda t: [float(x) for x in t.split(',')],
-                 default=[0.0, 1.0])
-  p.add_argument('--repeats', type=int, default=2, help='timed runs per configuration (best)')
-  p.add_argument('--batch-sizes', type=_ints, default=[1])
+  cli.add_model_flags(p, dtype=False)
+  p.add_argument('--drafts', type=cli.list_of(str), default=DRAFTS,
+                 help='comma-separated draft specs, as decode.py --draft (default: ngram and the '
+                 'committed exit and EAGLE drafts)')
+  cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
+  p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
+                 help=f'comma-separated, from {",".join(PROMPT_KINDS)}; --num-prompts is per kind')
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=64)
+  p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=[1, 2, 3, 4],
+                 help='comma-separated list of the fixed K to compare with')
+  p.add_argument('--max-draft-tokens', type=cli.positive_int, default=4,
+                 help='the largest K auto and the heuristic may pick')
+  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=[0.0, 1.0])
+  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=[1])
+  p.add_argument('--repeats', type=cli.positive_int, default=2,
+                 help='timed runs per configuration (the best is kept)')
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
-  p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'adaptive'))
-  args = p.parse_args()
+  p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'))
+  args = p.parse_args(argv)
   if args.quick:
-    args.drafts, args.num_prompts, args.max_new_tokens = 'ngram', 2, 32
-  if min(args.num_prompts, args.max_new_tokens, args.max_draft_tokens, args.repeats) < 1:
-    p.error('--num-prompts, --max-new-tokens, --max-draft-tokens and --repeats must be >= 1')
-  if not all(1 <= k <= args.max_draft_tokens for k in args.num_draft_tokens):
+    args.drafts, args.num_prompts, args.max_new_tokens = ['ngram'], 2, 32
+  args.num_prompts = args.num_prompts or 4
+  if not all(k <= args.max_draft_tokens for k in args.num_draft_tokens):
     p.error(f'--num-draft-tokens must lie in [1, --max-draft-tokens={args.max_draft_tokens}]')
-  if not os.path.isfile(args.prompts):
-    p.error(f'--prompts: no file {args.prompts}')
+  for spec in args.drafts:
+    try:
+      loading.parse_draft_spec(spec)
+    except ValueError as e:
+      p.error(f'--drafts: {e}')
   return args
 
 
@@ -67,57 +69,6 @@ def _timed(fn):
   t0 = time.perf_counter()
   out = fn()
   return out, time.perf_counter() - t0
-
-
-class Bench:
-  """Compiles configurations, then times them interleaved over the same batches."""
-
-  def __init__(self, target, target_params, eos_id, max_new_tokens):
-    self.target, self.params, self.eos_id = target, target_params, eos_id
-    self.max_new = max_new_tokens
-
-  def config(self, k, sampling, **kw):
-    return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=self.max_new, sampling=sampling,
-                           eos_id=self.eos_id, pad_id=self.eos_id, **kw)
-
-  def run(self, batches, methods, repeats):
-    """batches: (tokens [B,P], lengths [B], seeds [B]) each; methods: name -> (draft,
-    draft_params, config). Every repeat runs every method on every batch in turn (a burst of
-    load on a shared machine hits all alike); a method's time on a batch is its best."""
-    compiled = {}
-    for name, (draft, dp, config) in methods.items():
-      compiled[name] = _timed(lambda: js.compile_generate(
-          self.params, dp, *batches[0], target=self.target, draft=draft, config=config))
-    best = {name: [float('inf')] * len(batches) for name in methods}
-    outs = {name: [None] * len(batches) for name in methods}
-    for _ in range(repeats):
-      for i, (tokens, lengths, seeds) in enumerate(batches):
-        for name, (draft, dp, _) in methods.items():
-          out, s = _timed(lambda: _block(compiled[name][0](self.params, dp, tokens, lengths,
-                                                           js.row_keys(seeds))))
-          best[name][i], outs[name][i] = min(best[name][i], s), out
-    return {name: _summary(outs[name], sum(best[name]), compiled[name][1]) for name in methods}
-
-
-def _summary(outs, seconds, compile_s):
-  metrics = [js.summarize(o.metrics) for o in outs]
-  total = lambda key: sum(m[key] for m in metrics)
-  reached, accepted = (sum(np.asarray(getattr(o.metrics, f)).sum(0) for o in outs)
-                       for f in ('position_reached', 'position_accepted'))
-  return {'tok_s': total('new_tokens') / seconds, 'seconds': seconds, 'compile_s': compile_s,
-          'new_tokens': total('new_tokens'),
-          'acceptance': (total('accepted_tokens') / total('drafted_tokens')
-                         if total('drafted_tokens') else 0.0),
-          'tokens_per_pass': total('new_tokens') / total('target_forward_passes'),
-          'position_acceptance': [round(float(x / n), 3) if n else None
-                                  for x, n in zip(accepted, reached)],
-          'rounds_by_k': np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist(),
-          'tokens': [t for o in outs for t in o.new_tokens()]}
-
-
-def _block(out):
-  out.tokens.block_until_ready()
-  return out
 
 
 def _batches(prompt_ids, batch_size, seed, pad_id):
@@ -134,34 +85,39 @@ def _batches(prompt_ids, batch_size, seed, pad_id):
 def main():
   args = _parse()
   config, target_params, gguf = loading.load_model(args.model)
-  tok = tok_lib.load_tokenizer(gguf)
-  bench = Bench(loading.forward_for(config), target_params, tok.chat_eos_id, args.max_new_tokens)
-  with open(args.prompts, encoding='utf-8') as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  tok = loading.tokenizer_for(gguf)
+  target, eos = loading.forward_for(config), tok.chat_eos_id
+  rows = prompt_files.read_rows(args.prompts_file)
   drafts = {spec: loading.load_draft(spec, config, target_params, target_tokenizer=tok)
-            for spec in args.drafts.split(',')}
+            for spec in args.drafts}
+
+  def decode_config(k, sampling, **kw):
+    return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
+                           sampling=sampling, eos_id=eos, pad_id=eos, **kw)
+
   results = []
-  for kind in args.kinds.split(','):
+  for kind in args.prompt_kinds:
     ids = [tok.encode_chat(r['prompt']) for r in rows if r['kind'] == kind][:args.num_prompts]
     for b in args.batch_sizes:
-      batches = _batches(ids, b, args.seed, tok.chat_eos_id)
+      batches = _batches(ids, b, args.seed, eos)
       for temperature in args.temperatures:
         sampling = js.SamplingConfig(temperature=temperature)
-        methods, measured = {'plain': (None, None, bench.config(0, sampling))}, {}
+        methods, measured = {'plain': (None, None, decode_config(0, sampling))}, {}
         for spec, (draft, dp) in drafts.items():
           name = os.path.basename(spec)
           for k in args.num_draft_tokens:
-            methods[f'{name} K={k}'] = (draft, dp, bench.config(k, sampling))
+            methods[f'{name} K={k}'] = (draft, dp, decode_config(k, sampling))
           if b == 1:
-            methods[f'{name} heuristic'] = (draft, dp, bench.config(
+            methods[f'{name} heuristic'] = (draft, dp, decode_config(
                 args.max_draft_tokens, sampling, schedule=js.Heuristic()))
-          full = bench.config(args.max_draft_tokens, sampling)
+          full = decode_config(args.max_draft_tokens, sampling)
           model, measure_s = _timed(lambda: js.measured_cost_model(
-              target_params, dp, *batches[0], target=bench.target, draft=draft, config=full))
+              target_params, dp, *batches[0], target=target, draft=draft, config=full))
           measured[name] = (measure_s, [1e3 * c for c in model.round_seconds])
-          methods[f'{name} auto'] = (draft, dp, bench.config(args.max_draft_tokens, sampling,
-                                                             schedule=model))
-        runs = bench.run(batches, methods, args.repeats)
+          methods[f'{name} auto'] = (draft, dp, decode_config(args.max_draft_tokens, sampling,
+                                                              schedule=model))
+        runs = bench_rounds.time_methods(target_params, batches, methods, target=target,
+                                         repeats=args.repeats)
         plain = runs['plain']
         for method, r in runs.items():
           draft_name, _, how = method.partition(' ')
