@@ -11,16 +11,12 @@ import numpy as np
 import pytest
 
 import jaxspec as js
-from models.llama import LlamaConfig, LlamaForward, init_params
+from models.llama import LlamaForward
 from tests import toys
+# The tiny Llama, its prompts and budget of the greedy-identity tests.
+from tests.test_greedy_identity import (CONFIG, GREEDY, MAX_NEW, OTHER_PARAMS, PARAMS, PROMPTS,
+                                        TARGET)
 
-CONFIG = LlamaConfig.tiny(tie_embeddings=False)
-TARGET = LlamaForward(CONFIG)
-PARAMS = init_params(CONFIG, jax.random.key(0))
-OTHER_PARAMS = init_params(CONFIG, jax.random.key(1))
-PROMPTS = [[1, 2, 3], [5, 9, 11, 13, 2, 7, 30], [4, 4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23]]
-GREEDY = js.SamplingConfig(temperature=0)
-MAX_NEW = 24
 K_MAX = 4
 
 
