@@ -70,8 +70,9 @@ def measure(params, draft_params, prompt_tokens, prompt_lengths, seeds, *, targe
     dict: batch_size, k, compile_s (the whole decode program), prefill_s (target and draft
     prefill, compiled apart), ttft_s (prefill + one mean round), tpot_s, e2e_s (the whole
     decode), tokens_per_s (committed tokens of the batch / e2e),
-    new_tokens, acceptance_rate, mean_accepted_length, target_positions_per_token (passes *
-    (K+1) / committed tokens) and memory (`memory_bytes`).
+    new_tokens, acceptance_rate, mean_accepted_length, target_positions_per_token (window
+    positions the target computed, each round's K + 1 summed, / committed tokens), rounds_by_k
+    and memory (`memory_bytes`).
   Raises:
     ValueError: what `generate` raises for bad inputs.
   """
@@ -96,7 +97,8 @@ def measure(params, draft_params, prompt_tokens, prompt_lengths, seeds, *, targe
       ttft_s=ttft_s, tpot_s=max(e2e_s - ttft_s, 0.0) / max(per_row - 1, 1), e2e_s=e2e_s,
       tokens_per_s=s['new_tokens'] / e2e_s, new_tokens=s['new_tokens'],
       acceptance_rate=s['acceptance_rate'], mean_accepted_length=s['mean_accepted_length'],
-      target_positions_per_token=(s['target_forward_passes'] * (config.num_draft_tokens + 1)
+      rounds_by_k=s['rounds_by_k'],
+      target_positions_per_token=(sum(n * (k + 1) for k, n in enumerate(s['rounds_by_k']))
                                   / max(s['new_tokens'], 1)),
       memory=memory_bytes(params, draft_params, prompt_tokens, prompt_lengths, **statics))
 

@@ -33,6 +33,7 @@ apart, and the batch size where speculation stops paying, per draft. Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -325,11 +326,17 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
   results = []
   for b in args.batch_sizes:
     idx = np.arange(b) % len(rows)
-    for name, (draft, dparams) in [('plain', (None, None)), *drafts.items()]:
+    methods = [('plain', None, None)] + [(f'{n} {how}', d, dp) for n, (d, dp) in drafts.items()
+                                         for how in ('K=%d' % k, 'auto')]
+    for name, draft, dparams in methods:
       config = js.DecodeConfig(num_draft_tokens=0 if draft is None else k,
                                max_new_tokens=args.max_new_tokens,
                                sampling=js.SamplingConfig(temperature=temp),
                                eos_id=tok.eos_id, pad_id=tok.pad_id)
+      if name.endswith(' auto'):  # K in 0..K chosen per round, costs measured on this batch
+        config = dataclasses.replace(config, schedule=js.measured_cost_model(
+            params, dparams, tokens[idx], lengths[idx], np.arange(b), target=target,
+            draft=draft, config=config))
       r = operations.measure(params, dparams, tokens[idx], lengths[idx],
                              args.seed * 1000 + np.arange(b), target=target, draft=draft,
                              config=config, reps=1 if args.quick else 3)
