@@ -25,7 +25,7 @@ apart, and the batch size where speculation stops paying, per draft. Writes
 `<out>/latency_vs_throughput.png`, `<out>/speedup_vs_batch.png`. The measuring code is
 `jaxspec.operations`.
 
-  .venv/bin/python scripts/benchmark.py --quick                      # under 5 minutes
+  .venv/bin/python scripts/benchmark.py --quick   # 4 CPU-minutes; 5.8 min wall here, shared
   .venv/bin/python scripts/benchmark.py --peers-python .venv-ref/bin/python   # the full run
   .venv/bin/python scripts/benchmark.py --mode operations [--quick] --out runs/operations
 """
