@@ -28,9 +28,10 @@ in place of the rows.
 `invariant=True` (every function here; `LlamaConfig.invariant`) makes the results of a row
 independent of how many rows there are, for window/batch-invariant decoding (docs/invariance.md):
 on a 1-device CPU the kernel then takes every row count, one row and prefill included (its
-per-row arithmetic does not depend on R), and bfloat16 operands too, cast exactly to float32
-inside the CPU branch (fp32 accumulation; the result rounded back to bfloat16, as XLA's bf16 dot
-rounds its fp32 accumulator). Elsewhere (GPU/TPU lowerings, meshes, no extension) it is XLA's dot,
+per-row arithmetic does not depend on R), and bfloat16 operands too: activations cast exactly to
+float32, bfloat16 weights read as they are and widened exactly on load (`*_bf16` targets: the
+same bits as the float32 kernel on float32 copies, half the bytes), fp32 accumulation, the
+result rounded back to bfloat16 as XLA's bf16 dot rounds its fp32 accumulator. Elsewhere (GPU/TPU lowerings, meshes, no extension) it is XLA's dot,
 which is not row-invariant.
 """
 
@@ -51,6 +52,8 @@ MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
 # FFI target name -> exported handler symbol of the extension.
 _TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',
+            'jaxspec_matmul_kn_bf16': 'JaxspecMatmulKNBf16',
+            'jaxspec_matmul_nk_bf16': 'JaxspecMatmulNKBf16',
             'jaxspec_attn_scores': 'JaxspecAttnScores',
             'jaxspec_attn_mix': 'JaxspecAttnMix'}
 _DIR = os.path.dirname(os.path.abspath(__file__))
@@ -120,9 +123,19 @@ def _as_f32(fn):
   return lambda a, b: fn(a.astype(jnp.float32), b.astype(jnp.float32)).astype(a.dtype)
 
 
+def _weights_kernel(target, out_shape):
+  """The CPU branch of a weight matmul: float32 x; bfloat16 weights go to the `_bf16` target
+  unconverted; the result in x's dtype."""
+  def run(x, w):
+    name = target + '_bf16' if w.dtype == jnp.bfloat16 else target
+    return _ffi(name, out_shape(x, w), x.astype(jnp.float32), w).astype(x.dtype)
+  return run
+
+
 @jax.custom_vjp
 def _small_rows(x_RK, w_KN):
-  return jax.lax.platform_dependent(x_RK, w_KN, cpu=_as_f32(kernel_matmul), default=jnp.matmul)
+  kernel = _weights_kernel(TARGET, lambda x, w: (x.shape[0], w.shape[1]))
+  return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel, default=jnp.matmul)
 
 
 def _small_rows_fwd(x_RK, w_KN):
@@ -188,8 +201,8 @@ def invariant_dot_general(lhs, rhs, dimension_numbers, precision=None,
 
 @jax.custom_vjp
 def _small_rows_nk(x_RK, w_NK):
-  kernel = lambda x, w: _ffi('jaxspec_matmul_nk', (x.shape[0], w.shape[0]), x, w)
-  return jax.lax.platform_dependent(x_RK, w_NK, cpu=_as_f32(kernel), default=lambda x, w: x @ w.T)
+  kernel = _weights_kernel('jaxspec_matmul_nk', lambda x, w: (x.shape[0], w.shape[0]))
+  return jax.lax.platform_dependent(x_RK, w_NK, cpu=kernel, default=lambda x, w: x @ w.T)
 
 
 def _small_rows_nk_bwd(res, g_RN):
