@@ -58,6 +58,9 @@ def parse_args(argv=None):
   p.add_argument('--json', action='store_true', help='print one JSON object')
   p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                  help='float32 (CPU) or bfloat16 (accelerators)')
+  p.add_argument('--invariant', action='store_true',
+                 help='window/batch-invariant numerics (Llama family, 1-device CPU): greedy '
+                 'speculative output bit-identical to plain in bf16 too (docs/invariance.md)')
   p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
   p.add_argument('--bucket', type=_positive_int, default=64,
                  help='prompt lengths are padded to this')
@@ -147,6 +150,10 @@ def main(argv=None):
 
   _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
+  if args.invariant:
+    if not hasattr(config, 'invariant'):
+      raise ValueError(f'--invariant: {type(config).__name__} has no invariant mode (Llama only)')
+    config = dataclasses.replace(config, invariant=True)
   tok = load_tokenizer(args.tokenizer or gguf_path or loading.gguf_loader.default_model_path())
   if tok.vocab_size > config.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}')
