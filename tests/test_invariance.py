@@ -55,6 +55,26 @@ def test_tree_sum_and_softmax():
                              atol=1e-7)
 
 
+@pytest.mark.parametrize('rows, k, n', [(1, 7, 5), (3, 576, 97), (9, 33, 65), (16, 577, 40)])
+def test_bf16_weight_kernel_is_the_fp32_kernel_on_widened_weights(rows, k, n):
+  """The bf16-weight kernels (weights widened in the kernel) give the fp32 kernels' bits on
+  fp32 copies, for the (in, out) and (out, in) layouts, and rows are independent."""
+  rng = np.random.default_rng(rows)
+  x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  f32 = lambda a: a.astype(jnp.float32)
+  ours = jax.jit(lambda x, w: cpu_matmul.matmul(x, w, invariant=True))(x, w)
+  ref = cpu_matmul.kernel_matmul(f32(x), f32(w)).astype(jnp.bfloat16)
+  assert ours.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(ref, np.float32))
+  nt = jax.jit(lambda x, w: cpu_matmul.matmul_nt(x, w, invariant=True))(x, w.T)
+  alone = np.concatenate([np.asarray(cpu_matmul.matmul_nt(x[r:r + 1], w.T, invariant=True),
+                                     np.float32) for r in range(rows)])
+  np.testing.assert_array_equal(np.asarray(nt, np.float32), alone)
+  np.testing.assert_allclose(np.asarray(nt, np.float32), np.asarray(ours, np.float32),
+                             rtol=1e-2, atol=0.1)
+
+
 def _window_vs_steps(config, params, batch, width=9, prompt_len=7, buffer=32, seed=0):
   """Logits [B, W, V] of one W-token pass after a prefill, and of W one-token steps."""
   f = jax.jit(LlamaForward(config))
