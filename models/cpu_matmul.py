@@ -24,6 +24,15 @@ embedding.
 (`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
 GEMMs (about 1 ms a layer at B=16, most of a batch-16 decode step); same selection rules, with T
 in place of the rows.
+
+`invariant=True` (every function here; `LlamaConfig.invariant`) makes the results of a row
+independent of how many rows there are, for window/batch-invariant decoding (docs/invariance.md):
+on a 1-device CPU the kernel then takes every row count, one row and prefill included (its
+per-row arithmetic does not depend on R), and bfloat16 operands too: activations cast exactly to
+float32, bfloat16 weights read as they are and widened exactly on load (`*_bf16` targets: the
+same bits as the float32 kernel on float32 copies, half the bytes), fp32 accumulation, the
+result rounded back to bfloat16 as XLA's bf16 dot rounds its fp32 accumulator. Elsewhere (GPU/TPU lowerings, meshes, no extension) it is XLA's dot,
+which is not row-invariant.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
 # FFI target name -> exported handler symbol of the extension.
 _TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',
+            'jaxspec_matmul_kn_bf16': 'JaxspecMatmulKNBf16',
+            'jaxspec_matmul_nk_bf16': 'JaxspecMatmulNKBf16',
             'jaxspec_attn_scores': 'JaxspecAttnScores',
             'jaxspec_attn_mix': 'JaxspecAttnMix'}
 _DIR = os.path.dirname(os.path.abspath(__file__))
@@ -90,19 +101,41 @@ def kernel_matmul(x_RK: jax.Array, w_KN: jax.Array) -> jax.Array:
   return _ffi(TARGET, (x_RK.shape[0], w_KN.shape[1]), x_RK, w_KN)
 
 
-def uses_kernel(x: jax.Array, w: jax.Array) -> bool:
-  """Whether `matmul(x, w)` takes the kernel on a CPU (decided from shapes, dtypes, devices)."""
+def _dtypes_ok(a, b, invariant: bool) -> bool:
+  """float32 operands; in the invariant mode also bfloat16 ones (cast to float32 in the kernel)."""
+  allowed = (jnp.float32, jnp.bfloat16) if invariant else (jnp.float32,)
+  return a.dtype == b.dtype and a.dtype in allowed
+
+
+def uses_kernel(x: jax.Array, w: jax.Array, invariant: bool = False) -> bool:
+  """Whether `matmul(x, w, invariant)` takes the kernel on a CPU (from shapes, dtypes, devices)."""
   rows = 1
   for d in x.shape[:-1]:
     rows *= d
+  rows_ok = rows >= 1 if invariant else MIN_ROWS <= rows <= MAX_ROWS
   return (available() and jax.device_count() == 1 and w.ndim == 2 and x.ndim >= 1
-          and x.dtype == jnp.float32 and w.dtype == jnp.float32 and MIN_ROWS <= rows <= MAX_ROWS
+          and _dtypes_ok(x, w, invariant) and rows_ok
           and x.shape[-1] == w.shape[0] and w.shape[1] >= 1)
+
+
+def _as_f32(fn):
+  """fn on float32 copies of its operands (exact for bfloat16), result in the first's dtype."""
+  return lambda a, b: fn(a.astype(jnp.float32), b.astype(jnp.float32)).astype(a.dtype)
+
+
+def _weights_kernel(target, out_shape):
+  """The CPU branch of a weight matmul: float32 x; bfloat16 weights go to the `_bf16` target
+  unconverted; the result in x's dtype."""
+  def run(x, w):
+    name = target + '_bf16' if w.dtype == jnp.bfloat16 else target
+    return _ffi(name, out_shape(x, w), x.astype(jnp.float32), w).astype(x.dtype)
+  return run
 
 
 @jax.custom_vjp
 def _small_rows(x_RK, w_KN):
-  return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel_matmul, default=jnp.matmul)
+  kernel = _weights_kernel(TARGET, lambda x, w: (x.shape[0], w.shape[1]))
+  return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel, default=jnp.matmul)
 
 
 def _small_rows_fwd(x_RK, w_KN):
@@ -117,13 +150,13 @@ def _small_rows_bwd(res, g_RN):
 _small_rows.defvjp(_small_rows_fwd, _small_rows_bwd)
 
 
-def matmul(x: jax.Array, w_KN: jax.Array) -> jax.Array:
+def matmul(x: jax.Array, w_KN: jax.Array, invariant: bool = False) -> jax.Array:
   """`x [..., K] @ w [K, N] -> [..., N]`: the kernel where `uses_kernel` holds, else XLA's dot.
 
   Raises:
     ValueError: the last dimension of x does not match w's first (from XLA's dot).
   """
-  if not uses_kernel(x, w_KN):
+  if not uses_kernel(x, w_KN, invariant):
     return x @ w_KN
   lead = x.shape[:-1]
   y = _small_rows(x.reshape(-1, x.shape[-1]), w_KN)
@@ -135,7 +168,8 @@ def describe() -> str:
   return 'C++ small-row kernel' if available() else f'XLA dot ({UNAVAILABLE_REASON})'
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                invariant: bool = False):
   """Drop-in `jax.lax.dot_general` for Flax `Dense`/`DenseGeneral` (`dot_general=`): a
   contraction of lhs's trailing axes with rhs's leading axes, without batch axes (every dense
   projection), goes through `matmul` (kernel or XLA, see the module docstring); anything else,
@@ -152,15 +186,22 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       k *= d
     x = lhs.reshape(*lhs.shape[:lhs.ndim - n], k)
     w = rhs.reshape(k, -1)
-    if uses_kernel(x, w):
-      return matmul(x, w).reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:])
+    if uses_kernel(x, w, invariant):
+      return matmul(x, w, invariant).reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type)
 
 
+def invariant_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                          preferred_element_type=None):
+  """`dot_general(..., invariant=True)`, for Flax's `dot_general=`."""
+  return dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                     invariant=True)
+
+
 @jax.custom_vjp
 def _small_rows_nk(x_RK, w_NK):
-  kernel = lambda x, w: _ffi('jaxspec_matmul_nk', (x.shape[0], w.shape[0]), x, w)
+  kernel = _weights_kernel('jaxspec_matmul_nk', lambda x, w: (x.shape[0], w.shape[0]))
   return jax.lax.platform_dependent(x_RK, w_NK, cpu=kernel, default=lambda x, w: x @ w.T)
 
 
@@ -172,20 +213,20 @@ def _small_rows_nk_bwd(res, g_RN):
 _small_rows_nk.defvjp(lambda x, w: (_small_rows_nk(x, w), (x, w)), _small_rows_nk_bwd)
 
 
-def matmul_nt(x: jax.Array, w_NK: jax.Array) -> jax.Array:
+def matmul_nt(x: jax.Array, w_NK: jax.Array, invariant: bool = False) -> jax.Array:
   """`x [..., K] @ w[N, K].T -> [..., N]` for weights stored (out, in), like a tied embedding
   `[V, D]`: the kernel where `uses_kernel(x, w.T)` would hold, else XLA's
   `einsum('NK,...K->N...')` moved back (N leading: XLA:CPU runs that 3-4x faster for several rows
   than `x @ w.T`). Raises ValueError if x's last dimension is not w's second (from XLA)."""
-  if not uses_kernel(x, w_NK.T):
+  if not uses_kernel(x, w_NK.T, invariant):
     return jnp.moveaxis(jnp.einsum('NK,...K->N...', w_NK, x), 0, -1)
   lead = x.shape[:-1]
   return _small_rows_nk(x.reshape(-1, x.shape[-1]), w_NK).reshape(*lead, w_NK.shape[0])
 
 
-def _attention_ok(a, kv) -> bool:
+def _attention_ok(a, kv, t: int, invariant: bool) -> bool:
   return (available() and jax.device_count() == 1 and a.ndim == 5 and kv.ndim == 4
-          and a.dtype == jnp.float32 and kv.dtype == jnp.float32)
+          and _dtypes_ok(a, kv, invariant) and (invariant or t <= MAX_ROWS))
 
 
 _SCORES, _MIX = 'BTMGH,BSMH->BMGTS', 'BMGTS,BSMH->BTMGH'
@@ -194,8 +235,9 @@ _SCORES, _MIX = 'BTMGH,BSMH->BMGTS', 'BMGTS,BSMH->BTMGH'
 @jax.custom_vjp
 def _scores(q_BTMGH, k_BSMH):
   b, t, m, g, _ = q_BTMGH.shape
-  kernel = lambda q, k: _ffi('jaxspec_attn_scores', (b, m, g, t, k.shape[1]), q, k)
-  xla = lambda q, k: jnp.einsum(_SCORES, q, k)
+  kernel = lambda q, k: _ffi('jaxspec_attn_scores', (b, m, g, t, k.shape[1]),
+                            q.astype(jnp.float32), k.astype(jnp.float32))
+  xla = lambda q, k: jnp.einsum(_SCORES, q, k, preferred_element_type=jnp.float32)
   return jax.lax.platform_dependent(q_BTMGH, k_BSMH, cpu=kernel, default=xla)
 
 
@@ -210,7 +252,7 @@ _scores.defvjp(lambda q, k: (_scores(q, k), (q, k)), _scores_bwd)
 @jax.custom_vjp
 def _mix(p_BMGTS, v_BSMH):
   b, m, g, t, _ = p_BMGTS.shape
-  kernel = lambda p, v: _ffi('jaxspec_attn_mix', (b, t, m, g, v.shape[-1]), p, v)
+  kernel = _as_f32(lambda p, v: _ffi('jaxspec_attn_mix', (b, t, m, g, v.shape[-1]), p, v))
   xla = lambda p, v: jnp.einsum(_MIX, p, v)
   return jax.lax.platform_dependent(p_BMGTS, v_BSMH, cpu=kernel, default=xla)
 
@@ -223,10 +265,11 @@ def _mix_bwd(res, g_BTMGH):
 _mix.defvjp(lambda p, v: (_mix(p, v), (p, v)), _mix_bwd)
 
 
-def attention_scores(q_BTMGH: jax.Array, k_BSMH: jax.Array) -> jax.Array:
+def attention_scores(q_BTMGH: jax.Array, k_BSMH: jax.Array, invariant: bool = False) -> jax.Array:
   """`einsum('BTMGH,BSMH->BMGTS')` (float32 result): the kernel on a 1-device CPU for float32
-  inputs with T <= MAX_ROWS, else XLA's einsum. Raises ValueError on mismatched shapes."""
-  if _attention_ok(q_BTMGH, k_BSMH) and q_BTMGH.shape[1] <= MAX_ROWS:
+  inputs with T <= MAX_ROWS (invariant: also bfloat16, any T), else XLA's einsum. Raises
+  ValueError on mismatched shapes."""
+  if _attention_ok(q_BTMGH, k_BSMH, q_BTMGH.shape[1], invariant):
     if (q_BTMGH.shape[0], q_BTMGH.shape[2], q_BTMGH.shape[4]) != (
         k_BSMH.shape[0], k_BSMH.shape[2], k_BSMH.shape[3]):
       raise ValueError(f'attention_scores: q {q_BTMGH.shape} does not match k {k_BSMH.shape}')
@@ -234,11 +277,11 @@ def attention_scores(q_BTMGH: jax.Array, k_BSMH: jax.Array) -> jax.Array:
   return jnp.einsum(_SCORES, q_BTMGH, k_BSMH, preferred_element_type=jnp.float32)
 
 
-def attention_mix(p_BMGTS: jax.Array, v_BSMH: jax.Array) -> jax.Array:
+def attention_mix(p_BMGTS: jax.Array, v_BSMH: jax.Array, invariant: bool = False) -> jax.Array:
   """`einsum('BMGTS,BSMH->BTMGH')`: the kernel on a 1-device CPU for float32 inputs with
-  T <= MAX_ROWS, else XLA's einsum (result dtype of the inputs). Raises ValueError on
-  mismatched shapes."""
-  if _attention_ok(p_BMGTS, v_BSMH) and p_BMGTS.shape[3] <= MAX_ROWS:
+  T <= MAX_ROWS (invariant: also bfloat16, any T), else XLA's einsum (result dtype of the
+  inputs). Raises ValueError on mismatched shapes."""
+  if _attention_ok(p_BMGTS, v_BSMH, p_BMGTS.shape[3], invariant):
     if (p_BMGTS.shape[0], p_BMGTS.shape[4], p_BMGTS.shape[1]) != v_BSMH.shape[:3]:
       raise ValueError(f'attention_mix: p {p_BMGTS.shape} does not match v {v_BSMH.shape}')
     return _mix(p_BMGTS, v_BSMH)

@@ -14,6 +14,13 @@ a C++ kernel that reads each weight once for all B*T rows on a single-device CPU
 everywhere else; the tied head (`cpu_matmul.matmul_nt`) and the two attention products over the
 cache (`cpu_matmul.attention_*`) likewise.
 `LlamaConfig.cpu_kernel=False` forces XLA. The params are the same either way.
+
+`LlamaConfig.invariant=True` is the window/batch-invariant mode (docs/invariance.md): a row's
+logits get the same bits whatever T and B, so a (K+1)-token verify pass equals K+1 one-token
+steps bit for bit, in float32 and bfloat16. The norms' mean and softmax's normalizer become
+fixed-order tree sums (`models.invariant`, any backend), and on a 1-device CPU every matmul and
+both attention products go through the row-invariant kernel (one row, prefill and bfloat16
+included). On GPU/TPU the matmuls stay XLA's, so there the mode is not (yet) invariant.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from models import cpu_matmul
+from models import invariant
 
 Params = Any
 Cache = list  # list over layers of {'k': [B,S,M,H], 'v': [B,S,M,H]}
@@ -58,6 +66,8 @@ class LlamaConfig:
   # Dense projections through the C++ small-row kernel where it applies (models/cpu_matmul.py);
   # False: XLA's dot everywhere. Same params and results up to float round-off.
   cpu_kernel: bool = True
+  # Window/batch-invariant numerics (module docstring; needs cpu_kernel on the CPU).
+  invariant: bool = False
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -87,13 +97,17 @@ def _init(init_fn, names):
 class RMSNorm(nn.Module):
   eps: float
   dtype: Any
+  invariant: bool = False  # the mean as a fixed-order tree sum (models/invariant.py)
 
   @nn.compact
   def __call__(self, x):
     scale = self.param('scale', _init(nn.initializers.ones, ('norm',)), (x.shape[-1],),
                        jnp.float32)
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.invariant:
+      y = invariant.rms_normalize(x32, self.eps)
+    else:
+      y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (y * scale).astype(self.dtype)
 
 
@@ -137,20 +151,22 @@ def _write_rows(cache_BSMH, new_BTMH, start_B):
 
 def _dot_general(config: LlamaConfig):
   """The `dot_general` of every dense projection: the CPU kernel's or plain XLA's."""
-  return cpu_matmul.dot_general if config.cpu_kernel else jax.lax.dot_general
+  if not config.cpu_kernel:
+    return jax.lax.dot_general
+  return cpu_matmul.invariant_dot_general if config.invariant else cpu_matmul.dot_general
 
 
 def _attention_scores(config: LlamaConfig):
   """q [B,T,M,G,H], cache k [B,S,M,H] -> scores [B,M,G,T,S] float32 (CPU kernel or XLA)."""
   if config.cpu_kernel:
-    return cpu_matmul.attention_scores
+    return functools.partial(cpu_matmul.attention_scores, invariant=config.invariant)
   return lambda q, k: jnp.einsum('BTMGH,BSMH->BMGTS', q, k, preferred_element_type=jnp.float32)
 
 
 def _attention_mix(config: LlamaConfig):
   """probs [B,M,G,T,S], cache v [B,S,M,H] -> [B,T,M,G,H] (CPU kernel or XLA)."""
   if config.cpu_kernel:
-    return cpu_matmul.attention_mix
+    return functools.partial(cpu_matmul.attention_mix, invariant=config.invariant)
   return lambda p, v: jnp.einsum('BMGTS,BSMH->BTMGH', p, v)
 
 
@@ -174,8 +190,8 @@ class Attention(nn.Module):
               kernel_init=_init(nn.initializers.lecun_normal(), kv_axes),
               bias_init=_init(nn.initializers.zeros, ('kv_heads', 'head_dim')))(x_BTD)
     if c.qk_norm:
-      q = RMSNorm(c.norm_eps, dt, name='q_norm')(q)
-      k = RMSNorm(c.norm_eps, dt, name='k_norm')(k)
+      q = RMSNorm(c.norm_eps, dt, c.invariant, name='q_norm')(q)
+      k = RMSNorm(c.norm_eps, dt, c.invariant, name='k_norm')(k)
     scaling = None
     if c.rope_scaling_factor != 1.0:
       scaling = (c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
@@ -193,7 +209,8 @@ class Attention(nn.Module):
     key_pos = jnp.arange(cache_k.shape[1])
     visible_BTS = key_pos[None, None, :] <= positions_BT[:, :, None]
     scores = jnp.where(visible_BTS[:, None, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    softmax = invariant.softmax if c.invariant else functools.partial(jax.nn.softmax, axis=-1)
+    probs = softmax(scores).astype(dt)
     out = _attention_mix(c)(probs, cache_v).reshape(b, t, c.num_heads, c.head_dim)
     out = dense(c.embed_dim, axis=(-2, -1), use_bias=False, name='o',
                 kernel_init=_init(nn.initializers.lecun_normal(),
@@ -226,9 +243,10 @@ class Block(nn.Module):
     c = self.config
     dt = jnp.dtype(c.dtype)
     h, layer_cache = Attention(c, name='attn')(
-        RMSNorm(c.norm_eps, dt, name='attn_norm')(x_BTD), layer_cache, positions_BT)
+        RMSNorm(c.norm_eps, dt, c.invariant, name='attn_norm')(x_BTD), layer_cache, positions_BT)
     x_BTD = x_BTD + h
-    x_BTD = x_BTD + MLP(c, name='mlp')(RMSNorm(c.norm_eps, dt, name='mlp_norm')(x_BTD))
+    x_BTD = x_BTD + MLP(c, name='mlp')(
+        RMSNorm(c.norm_eps, dt, c.invariant, name='mlp_norm')(x_BTD))
     return x_BTD, layer_cache
 
 
@@ -246,7 +264,7 @@ class Llama(nn.Module):
     self.embed = nn.Embed(c.vocab_size, c.embed_dim, dtype=dt, param_dtype=dt,
                           embedding_init=_init(nn.initializers.normal(1.0), ('vocab', 'embed')))
     self.layers = [Block(c, name=f'layers_{i}') for i in range(c.num_layers)]
-    self.final_norm = RMSNorm(c.norm_eps, dt)
+    self.final_norm = RMSNorm(c.norm_eps, dt, c.invariant)
     if not c.tie_embeddings:
       self.lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=dt, param_dtype=dt,
                               dot_general=_dot_general(c),
@@ -271,7 +289,7 @@ class Llama(nn.Module):
     """Output head on final-normed features [B,T,D] -> logits [B,T,V] float32."""
     if self.config.tie_embeddings:
       if self.config.cpu_kernel:  # the CPU kernel, or the einsum below elsewhere
-        logits = cpu_matmul.matmul_nt(features_BTD, self.embed.embedding)
+        logits = cpu_matmul.matmul_nt(features_BTD, self.embed.embedding, self.config.invariant)
       else:
         # [V, D] x [B, T, D] with V leading in the output: XLA:CPU runs this 3-4x faster for
         # T > 1 than `x @ embedding.T`.

@@ -67,6 +67,9 @@ def parse_args(argv=None):
                  help='one prompt: print the answer as its tokens are committed (the '
                  'generate_steps twin: its speed includes a dispatch per round, and its compile '
                  'seconds the first round)')
+  p.add_argument('--invariant', action='store_true',
+                 help='window/batch-invariant numerics (Llama family, 1-device CPU): greedy '
+                 'speculative output bit-identical to plain in bf16 too (docs/invariance.md)')
   p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
   p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='prompt lengths are padded to this')
@@ -150,6 +153,10 @@ def main(argv=None):
 
   _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
+  if args.invariant:
+    if not hasattr(config, 'invariant'):
+      raise ValueError(f'--invariant: {type(config).__name__} has no invariant mode (Llama only)')
+    config = dataclasses.replace(config, invariant=True)
   tok = loading.tokenizer_for(args.tokenizer or gguf_path)
   if tok.vocab_size > config.vocab_size:
     raise ValueError(f'tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}')

@@ -1,6 +1,7 @@
 // XLA FFI handlers of the CPU kernels, float32, row-major:
 //   JaxspecMatmulKN:  y[R, N] = x[R, K] @ w[K, N]                      (small_matmul.h)
 //   JaxspecMatmulNK:  y[R, N] = x[R, K] @ w[N, K].T
+//   JaxspecMatmulKNBf16, JaxspecMatmulNKBf16: the same with bfloat16 w (x and y float32)
 //   JaxspecAttnScores: scores[B,M,G,T,S] from q[B,T,M,G,H], k[B,S,M,H] (small_attention.h)
 //   JaxspecAttnMix:    mixed[B,T,M,G,H] from p[B,M,G,T,S], v[B,S,M,H]
 //
@@ -64,7 +65,8 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t parts, bool split,
   while (job->done.load(std::memory_order_acquire) < job->parts) _mm_pause();
 }
 
-ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+template <ffi::DataType WT>
+ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<WT> w,
                         ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();
@@ -74,7 +76,7 @@ ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   if (yd.size() != 2 || yd[0] != xd[0] || yd[1] != wd[1])
     return ffi::Error::InvalidArgument("jaxspec_matmul_kn: expected y[R, N]");
   const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
+  const auto* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t rows = xd[0], k = xd[1], n = wd[1], strips = n / kStrip;
   // Part p: strips [p * strips / parts, (p + 1) * strips / parts); the last part also takes the
@@ -88,7 +90,8 @@ ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
-ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+template <ffi::DataType WT>
+ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<WT> w,
                         ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();
@@ -97,7 +100,7 @@ ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
       yd[1] != wd[0])
     return ffi::Error::InvalidArgument("jaxspec_matmul_nk: expected x[R, K], w[N, K], y[R, N]");
   const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
+  const auto* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t rows = xd[0], k = xd[1], n = wd[0], groups = n / 4;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(groups, 4));
@@ -163,7 +166,19 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buf
       .Arg<ffi::Buffer<ffi::F32>>()        \
       .Ret<ffi::Buffer<ffi::F32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl, JAXSPEC_BINDING);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl, JAXSPEC_BINDING);
+#define JAXSPEC_BF16_BINDING               \
+  ffi::Ffi::Bind()                         \
+      .Ctx<ffi::ThreadPool>()              \
+      .Arg<ffi::Buffer<ffi::F32>>()        \
+      .Arg<ffi::Buffer<ffi::BF16>>()       \
+      .Ret<ffi::Buffer<ffi::F32>>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl<ffi::F32>, JAXSPEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl<ffi::F32>, JAXSPEC_BINDING);
+// x float32, w bfloat16 (exactly widened on load), y float32.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKNBf16, jaxspec::MatmulKNImpl<ffi::BF16>,
+                              JAXSPEC_BF16_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNKBf16, jaxspec::MatmulNKImpl<ffi::BF16>,
+                              JAXSPEC_BF16_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttnScores, jaxspec::AttentionImpl<true>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttnMix, jaxspec::AttentionImpl<false>, JAXSPEC_BINDING);
