@@ -16,33 +16,37 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import jaxspec as js  # pylint: disable=g-import-not-at-top,wrong-import-position
-from models import gguf_loader, loading  # pylint: disable=g-import-not-at-top,wrong-import-position
-from models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jaxspec as js
+from models import cli, loading, prompts as prompt_files
+
+ROOT = cli.ROOT
 
 
 def _parse(argv):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--dtype', default='bfloat16', choices=['float32', 'bfloat16'])
-  p.add_argument('--prompts', default=os.path.join(ROOT, '..', 'shared', 'prompts', 'dev.jsonl'))
-  p.add_argument('--num-prompts', type=int, default=16)
-  p.add_argument('--max-new-tokens', type=int, default=128)
-  p.add_argument('--drafts', default='ngram,early-exit:24,drafts/smollm2_eagle')
-  p.add_argument('--ks', default='1,2,3,4,5,6,7,8')
-  p.add_argument('--modes', default='default,invariant')
+  cli.add_model_flags(p, dtype=False)
+  p.add_argument('--dtype', default='bfloat16', choices=cli.DTYPES,
+                 help='parameter dtype (default bfloat16, where invariance matters)')
+  cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
+  p.add_argument('--drafts', type=cli.list_of(str), default='ngram,early-exit:24,drafts/smollm2_eagle',
+                 help='comma-separated draft specs, as decode.py --draft')
+  p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int),
+                 default='1,2,3,4,5,6,7,8', help='comma-separated list of K')
+  p.add_argument('--modes', type=cli.choices_of(('default', 'invariant')),
+                 default='default,invariant')
   p.add_argument('--no-warmup', action='store_true',
                  help='time the first run (identity checks: half the time, tok/s less exact)')
   p.add_argument('--json', default=None, help='also write every row of the table here')
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  args.num_prompts = args.num_prompts or 16
+  return args
 
 
 def _timed(compiled, args, warmup=True):
@@ -69,21 +73,19 @@ def _margins(forward, params, prompts, plain, spec):
 
 def main(argv=None):
   args = _parse(argv)
-  path = gguf_loader.default_model_path()
-  base_config, params, _ = loading.load_model(None, args.dtype)
-  tok = load_tokenizer(path)
-  with open(args.prompts, encoding='utf-8') as f:
-    texts = [json.loads(line)['prompt'] for line in f if line.strip()][:args.num_prompts]
+  base_config, params, gguf_path = loading.load_model(args.model, args.dtype)
+  tok = loading.tokenizer_for(gguf_path)
+  texts = [r['prompt'] for r in prompt_files.read_rows(args.prompts_file)][:args.num_prompts]
   prompts = [tok.encode_chat(t) for t in texts]
   tokens, lengths = js.pad_prompts(prompts, pad_id=tok.pad_id)
   keys = js.row_keys(np.zeros(len(prompts), np.int64))
-  ks = [int(k) for k in args.ks.split(',')]
+  ks = args.num_draft_tokens
   rows = []
   print(f'SmolLM2-135M {args.dtype}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, '
         f'batch {len(prompts)}, greedy', flush=True)
   print('| mode | draft | K | rows differing | (first differing token, top-2 margin) | '
         'tok/s | plain tok/s |\n|---|---|---|---|---|---|---|', flush=True)
-  for mode in args.modes.split(','):
+  for mode in args.modes:
     config = dataclasses.replace(base_config, invariant=mode == 'invariant')
     target = loading.forward_for(config)
 
@@ -100,7 +102,7 @@ def main(argv=None):
 
     plain, plain_tps = decode(None, None, 0)
     print(f'| {mode} | plain | - | - | - | {plain_tps:.1f} | {plain_tps:.1f} |', flush=True)
-    for spec in args.drafts.split(','):
+    for spec in args.drafts:
       draft, dparams = loading.load_draft(os.path.join(ROOT, spec) if '/' in spec else spec,
                                           config, params, args.dtype)
       for k in ks:
