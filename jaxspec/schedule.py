@@ -16,6 +16,7 @@ Neither changes what is sampled: K depends only on rounds already committed.
 from __future__ import annotations
 
 import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
