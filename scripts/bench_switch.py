@@ -1,0 +1,46 @@
+"""What the adaptive-K switch costs: plain decoding against `auto` forced to K = 0 every round
+(a cost model whose drafting rounds cost 10x, no probes), with 5 and with 2 compiled branches, on
+one prompt; warm runs, interleaved, wall ms each.
+
+  .venv/bin/python scripts/bench_switch.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import jaxspec as js
+from jaxspec import bench_rounds
+from models import cli, loading
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  cli.add_model_flags(p, dtype=False)
+  p.add_argument('--prompt', default='Tell me about the history of Rome in a few sentences.')
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=48)
+  p.add_argument('--repeats', type=cli.positive_int, default=3)
+  args = p.parse_args(argv)
+  config, params, gguf = loading.load_model(args.model)
+  tok = loading.tokenizer_for(gguf)
+  tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)], pad_id=tok.pad_id)
+  greedy = js.SamplingConfig(temperature=0)
+  off = lambda k: js.CostModel(ks=tuple(range(k + 1)), round_seconds=(1.0,) + (10.0,) * k,
+                               probe_every=0)
+  cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
+                                        sampling=greedy, **kw)
+  draft = js.NGramDraft()
+  methods = {'plain': (None, None, cfg(0)),
+             'auto, 5 branches, K=0': (draft, None, cfg(4, schedule=off(4))),
+             'auto, 2 branches, K=0': (draft, None, cfg(1, schedule=off(1)))}
+  runs = bench_rounds.time_methods(params, [(tokens, lengths, np.zeros(1, int))], methods,
+                                   target=loading.forward_for(config), repeats=args.repeats)
+  for name, r in runs.items():
+    print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, rounds by K '
+          f'{r["rounds_by_k"]}')
+
+
+if __name__ == '__main__':
+  main()
