@@ -20,6 +20,7 @@ import pytest
 import jaxspec as js
 from models import cpu_matmul, invariant
 from models.llama import LlamaConfig, LlamaForward, init_params
+from tests.test_greedy_identity import AdversarialDraft
 
 # Wide enough for XLA's reductions and GEMMs to tile differently with the row count (the
 # 32-wide tests/test_greedy_identity.py model happens to give identical bits without the mode).
@@ -114,16 +115,6 @@ PARAMS = _cast(init_params(LlamaConfig.tiny(tie_embeddings=False), jax.random.ke
                jnp.bfloat16)
 OTHER = _cast(init_params(LlamaConfig.tiny(tie_embeddings=False), jax.random.key(1)),
               jnp.bfloat16)
-
-
-@dataclasses.dataclass(frozen=True)
-class AdversarialDraft(js.ModelDraft):
-  """Proposes, at every position, a token that the target's greedy choice is not."""
-
-  def propose(self, params, state, ctx):
-    proposal = super().propose(params, state, ctx)
-    wrong = (proposal.tokens + 1) % ctx.vocab_size
-    return dataclasses.replace(proposal, tokens=wrong, q=jax.nn.one_hot(wrong, ctx.vocab_size))
 
 
 DRAFTS = {
