@@ -3,6 +3,7 @@
 # grounded prompt of data/dev_prompts.jsonl (evaluation only); one line per (prompt, draft). Usage:
 #   scripts/compare_drafts.sh [MAX_NEW_TOKENS]
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 MAX_NEW=${1:-128}

