@@ -199,7 +199,7 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
   """
   compiled = {}
   for name, (draft, dp, config) in methods.items():
-    compiled[name] = _wall(lambda: compile_generate(
+    compiled[name] = wall_time(lambda: compile_generate(
         params, dp, *batches[0], target=target, draft=draft, config=config))
   best = {name: [float('inf')] * len(batches) for name in methods}
   outs = {name: [None] * len(batches) for name in methods}
@@ -209,10 +209,11 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
   for _ in range(repeats):
     for i, (tokens, lengths, seeds) in enumerate(batches):
       for name, (draft, dp, _) in methods.items():
-        out, s = _wall(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
+        out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))
         best[name][i], outs[name][i] = min(best[name][i], s), out
-  return {name: _method_summary(outs[name], sum(best[name]), compiled[name][1]) for name in methods}
+  return {name: _method_summary(outs[name], sum(best[name]), compiled[name][1])
+          for name in methods}
 
 
 def _method_summary(outs, seconds, compile_s):
@@ -236,7 +237,8 @@ def _blocked(out):
   return out
 
 
-def _wall(fn):
+def wall_time(fn):
+  """(fn(), its wall seconds)."""
   t0 = time.perf_counter()
   out = fn()
   return out, time.perf_counter() - t0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 
@@ -65,12 +64,6 @@ def _parse(argv=None):
   return args
 
 
-def _timed(fn):
-  t0 = time.perf_counter()
-  out = fn()
-  return out, time.perf_counter() - t0
-
-
 def _batches(prompt_ids, batch_size, seed, pad_id):
   """Batch 1: one batch per prompt; else one batch of `batch_size` rows cycling the prompts."""
   width = max(len(p) for p in prompt_ids)
@@ -111,7 +104,7 @@ def main():
             methods[f'{name} heuristic'] = (draft, dp, decode_config(
                 args.max_draft_tokens, sampling, schedule=js.Heuristic()))
           full = decode_config(args.max_draft_tokens, sampling)
-          model, measure_s = _timed(lambda: js.measured_cost_model(
+          model, measure_s = bench_rounds.wall_time(lambda: js.measured_cost_model(
               target_params, dp, *batches[0], target=target, draft=draft, config=full))
           measured[name] = (measure_s, [1e3 * c for c in model.round_seconds])
           methods[f'{name} auto'] = (draft, dp, decode_config(args.max_draft_tokens, sampling,
