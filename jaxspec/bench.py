@@ -11,6 +11,7 @@ program, so no per-step dispatch is in the time. Models are `jaxspec.contracts.M
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import jax
@@ -54,12 +55,14 @@ class AlphaDraft(Draft):
 
 
 def forward_loop(model, batch: int, t: int, position: int, buffer_len: int, iters: int):
-  """A jitted `params -> tokens [B,t]` running `iters` forwards of `t` new tokens at cache
-  `position` (a cache of `buffer_len`, allocated inside; needs position + t <= buffer_len), each
-  fed the previous one's argmax so none is dead code."""
+  """A callable `params -> tokens [B,t]` running `iters` forwards of `t` new tokens at cache
+  `position` (needs position + t <= buffer_len) in one jitted `fori_loop`, each fed the previous
+  one's argmax so none is dead code. The KV cache (`buffer_len` long) is allocated once, on the
+  first call, and donated from call to call, so a call times the forward passes only (allocating
+  and zeroing a batch-16 cache inside the program cost about as much as two decode steps)."""
 
-  @jax.jit
-  def run(params):
+  @functools.partial(jax.jit, donate_argnums=1)
+  def run(params, cache):
     start = jnp.full((batch,), position, jnp.int32)
 
     def body(_, carry):
@@ -68,10 +71,17 @@ def forward_loop(model, batch: int, t: int, position: int, buffer_len: int, iter
       nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
       return jnp.broadcast_to(nxt[:, None], (batch, t)), cache
 
-    carry = (jnp.zeros((batch, t), jnp.int32), model.init_cache(batch, buffer_len))
-    return jax.lax.fori_loop(0, iters, body, carry)[0]
+    return jax.lax.fori_loop(0, iters, body, (jnp.zeros((batch, t), jnp.int32), cache))
 
-  return run
+  held = []
+
+  def call(params):
+    if not held:
+      held.append(jax.jit(lambda: model.init_cache(batch, buffer_len))())
+    tokens, held[0] = run(params, held[0])
+    return tokens
+
+  return call
 
 
 def round_loop(statics: dict, iters: int):
