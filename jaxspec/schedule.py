@@ -78,15 +78,19 @@ class CostModel:
 
   The acceptance rate at drafted position i (given the tokens before it accepted) is estimated
   per row and for the batch from discounted counts (each observation's weight falls by `decay`
-  per later observation at that row and position): the batch's rate is its pooled counts plus
-  `prior_weight` pseudo-observations at `prior`; a row's rate is its own counts plus
-  `prior_weight` pseudo-observations at the batch's rate. A row with no history of its own thus
-  follows the batch, and every rate starts at `prior`.
+  per later observation at that row and position). The batch's rate at position i is its pooled
+  counts plus `prior_weight` pseudo-observations at the batch's rate at position i - 1 (at
+  `prior` for the first position), so a position never examined yet follows the one before it
+  rather than a fixed guess; a row's rate is its own counts plus `prior_weight`
+  pseudo-observations at the batch's rate. A row with no history of its own thus follows the
+  batch. Until the batch has examined a drafted token, a round drafts at most the smallest K > 0
+  (learning the rate costs short rounds, never a long window drafted on a guess), and none if
+  even the prior says drafting does not pay.
 
   Attributes:
     ks: the K values compiled, ascending (0 = a plain step).
     round_seconds: the measured cost of one round at each K (same order; `measure_round_costs`).
-    prior: every rate before anything was observed.
+    prior: the first position's rate before anything was observed.
     decay: the discount of older observations, in (0, 1] (1 = only the latest counts).
     prior_weight: how many observations the prior counts for, > 0.
     probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0
@@ -100,7 +104,7 @@ class CostModel:
   round_seconds: tuple[float, ...]
   prior: float = 0.5
   decay: float = 0.1
-  prior_weight: float = 2.0
+  prior_weight: float = 1.0
   probe_every: int = 16
 
   def __post_init__(self):
@@ -130,8 +134,13 @@ class CostModel:
   def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
     """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts."""
     w, a = self.prior_weight, active[:, None]
-    batch = ((jnp.sum(jnp.where(a, state.accepted, 0), 0) + w * self.prior) /
-             (jnp.sum(jnp.where(a, state.reached, 0), 0) + w))
+    accepted = jnp.sum(jnp.where(a, state.accepted, 0), 0)
+    reached = jnp.sum(jnp.where(a, state.reached, 0), 0)
+    batch, previous = [], jnp.float32(self.prior)
+    for i in range(accepted.shape[0]):  # K_max positions, a static handful
+      previous = (accepted[i] + w * previous) / (reached[i] + w)
+      batch.append(previous)
+    batch = jnp.stack(batch)
     return (state.accepted + w * batch) / (state.reached + w), batch
 
   def expected_tokens(self, state: CostModelState, active) -> jax.Array:
@@ -145,10 +154,14 @@ class CostModel:
     rate = self.expected_tokens(state, active) / jnp.asarray(self.round_seconds, jnp.float32)
     index = jnp.argmax(rate).astype(jnp.int32)
     positive = [i for i, k in enumerate(self.ks) if k > 0]
-    if self.probe_every and positive and self.ks[0] == 0:
-      probe = (index == 0) & (state.plain_rounds >= self.probe_every)
-      index = jnp.where(probe, positive[0], index).astype(jnp.int32)
-    return index
+    if positive:
+      # Nothing examined yet: draft no more than the smallest K > 0, if drafting pays at all.
+      unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
+      index = jnp.where(unseen & (index > positive[0]), positive[0], index)
+      if self.probe_every and self.ks[0] == 0:
+        probe = (index == 0) & (state.plain_rounds >= self.probe_every)
+        index = jnp.where(probe, positive[0], index)
+    return index.astype(jnp.int32)
 
   def update(self, state: CostModelState, before: Metrics, after: Metrics, active):
     reached, accepted = _round_outcome(before, after)
