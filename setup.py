@@ -6,6 +6,7 @@ models use XLA's matmul. It is a plain shared library loaded with ctypes, not a 
 """
 
 import os
+import runpy
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -29,6 +30,10 @@ class BuildKernel(build_ext):
     return []  # no PyInit_ function: the library exports the FFI handler only
 
 
+# Compiled into the library; models/cpu_matmul.py refuses a library built from other sources.
+_HASH = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'models',
+                                    'kernel_sources.py'))['source_hash']()
+
 setup(
     ext_modules=[
         Extension(
@@ -36,6 +41,7 @@ setup(
             sources=['models/csrc/small_matmul.cc', 'models/csrc/small_attention.cc',
                      'models/csrc/ffi_handlers.cc'],
             include_dirs=['models/csrc'],
+            define_macros=[('JAXSPEC_SOURCE_HASH', f'"{_HASH}"')],
             language='c++',
             extra_compile_args=['-O3', '-std=c++17', '-w'],
             optional=True,

@@ -9,7 +9,8 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
 - the backend is the CPU (chosen with `jax.lax.platform_dependent`, so GPU/TPU lowerings never
   contain the custom call), and there is a single device (a custom call is opaque to the SPMD
   partitioner, so meshes - and the fake multi-device CPUs of the sharding tests - use XLA);
-- the extension was built and loads, and `JAXSPEC_CPU_MATMUL` is not `0` (read at import);
+- the extension was built from the current `models/csrc/` sources (a fingerprint compiled into
+  it, `models/kernel_sources.py`) and loads, and `JAXSPEC_CPU_MATMUL` is not `0` (read at import);
 - x and w are float32, w is 2-D `[K, N]` and x has `MIN_ROWS` (2) to `MAX_ROWS` rows (product of
   its leading dimensions): one row is XLA's matrix-vector kernel, faster here, and prefill of
   long prompts stays on XLA's GEMM, which is good at many rows.
@@ -45,6 +46,8 @@ import os
 import jax
 import jax.numpy as jnp
 
+from models import kernel_sources
+
 # One row stays on XLA: its matrix-vector kernel streams the weights faster here (~13 vs ~19 ms
 # for SmolLM2's MLP weights, docs/cpu_verify.md); from two rows on, XLA's GEMM re-reads them.
 MIN_ROWS = 2
@@ -69,6 +72,13 @@ def _load() -> str | None:
     return f'no built extension models/_small_matmul*.so in {_DIR} (pip install -e . builds it)'
   try:
     lib = ctypes.CDLL(paths[0])
+    expected = kernel_sources.source_hash()
+    lib.JaxspecSourceHash.restype = ctypes.c_char_p
+    built = lib.JaxspecSourceHash().decode()
+    if expected is not None and built != expected:
+      return (f'{paths[0]} was built from other sources than models/csrc/ (built {built}, '
+              f'sources {expected}); rebuild it: pip install -e . (or python setup.py build_ext '
+              '--inplace)')
     for name, symbol in _TARGETS.items():
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform='cpu')
   except (OSError, AttributeError) as e:  # a broken build: fall back to XLA

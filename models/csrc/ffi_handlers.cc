@@ -173,6 +173,12 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buf
       .Arg<ffi::Buffer<ffi::BF16>>()       \
       .Ret<ffi::Buffer<ffi::F32>>()
 
+#ifndef JAXSPEC_SOURCE_HASH
+#define JAXSPEC_SOURCE_HASH "unknown"
+#endif
+// The fingerprint of the sources this library was built from (models/kernel_sources.py).
+extern "C" const char* JaxspecSourceHash() { return JAXSPEC_SOURCE_HASH; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl<ffi::F32>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl<ffi::F32>, JAXSPEC_BINDING);
 // x float32, w bfloat16 (exactly widened on load), y float32.
