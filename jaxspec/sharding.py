@@ -64,19 +64,17 @@ class Rules:
 DEFAULT_RULES = Rules()
 
 
-def make_mesh(spec: str | None = None, devices=None) -> Mesh:
-  """Builds a mesh from a flag value such as `'data=2,model=4'`.
-
-  One size may be -1 (all remaining devices). The product must equal the number of devices used
-  (all of `devices`, default `jax.devices()`). None or '' gives `data=<all devices>`. Axes are
-  `AxisType.Auto`, so jit propagates shardings (GSPMD).
+def parse_mesh_spec(spec: str, rules: Rules = DEFAULT_RULES) -> tuple[tuple[str, ...],
+                                                                         tuple[int, ...]]:
+  """Axis names and sizes of a mesh flag value such as `'data=2,model=4'` (one size may be -1:
+  all remaining devices), checked without looking at devices.
 
   Raises:
-    ValueError: a malformed spec, or sizes that do not match the device count.
+    ValueError: a malformed spec, sizes below 1 (other than one -1), or an axis name that no
+      sharding rule of `rules` uses (it would be silently ignored).
   """
-  devices = list(jax.devices() if devices is None else devices)
   names, sizes = [], []
-  for part in (spec or f'data={len(devices)}').replace(' ', '').split(','):
+  for part in spec.replace(' ', '').split(','):
     name, sep, size = part.partition('=')
     if not sep or not name or name in names:
       raise ValueError(f'bad mesh spec {spec!r}: expected distinct name=size pairs, e.g. '
@@ -88,6 +86,27 @@ def make_mesh(spec: str | None = None, devices=None) -> Mesh:
     names.append(name)
   if sizes.count(-1) > 1 or any(s < 1 and s != -1 for s in sizes):
     raise ValueError(f'bad mesh spec {spec!r}: sizes must be >= 1, with at most one -1')
+  used = sorted({a for logical, _ in rules.mapping for a in rules.mesh_axes(logical)})
+  unknown = [n for n in names if n not in used]
+  if unknown:
+    raise ValueError(f'mesh {spec!r}: axis {unknown[0]!r} is used by no sharding rule; the '
+                     f'axes are {", ".join(used)}')
+  return tuple(names), tuple(sizes)
+
+
+def make_mesh(spec: str | None = None, devices=None, rules: Rules = DEFAULT_RULES) -> Mesh:
+  """Builds a mesh from a flag value such as `'data=2,model=4'` (`parse_mesh_spec`).
+
+  One size may be -1 (all remaining devices). The product must equal the number of devices used
+  (all of `devices`, default `jax.devices()`). None or '' gives `data=<all devices>`. Axes are
+  `AxisType.Auto`, so jit propagates shardings (GSPMD).
+
+  Raises:
+    ValueError: what `parse_mesh_spec` raises, or sizes that do not match the device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  names, sizes = parse_mesh_spec(spec or f'data={len(devices)}', rules)
+  sizes = list(sizes)
   if -1 in sizes:
     rest = math.prod(s for s in sizes if s != -1)
     if len(devices) % rest:

