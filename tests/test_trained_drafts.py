@@ -131,16 +131,22 @@ def test_save_load_round_trip(tmp_path):
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', ['smollm2_exit', 'smollm2_eagle'])
-def test_committed_draft_greedy_equals_plain_on_smollm2(name):
-  draft_dir = os.path.join(DRAFTS, name)
-  assert os.path.isfile(os.path.join(draft_dir, 'draft.json')), f'{draft_dir} is committed'
+@pytest.fixture(scope='module')
+def smollm2():
+  """(GGUF path, config, params) of SmolLM2, loaded once for the module; skips without it."""
   from models import gguf_loader  # pylint: disable=g-import-not-at-top
   try:
     path = gguf_loader.default_model_path()
   except FileNotFoundError:
     pytest.skip('SmolLM2 is not installed')
-  config, params = gguf_loader.load_gguf(path)
+  return (path, *gguf_loader.load_gguf(path))
+
+
+@pytest.mark.parametrize('name', ['smollm2_exit', 'smollm2_eagle'])
+def test_committed_draft_greedy_equals_plain_on_smollm2(name, smollm2):
+  draft_dir = os.path.join(DRAFTS, name)
+  assert os.path.isfile(os.path.join(draft_dir, 'draft.json')), f'{draft_dir} is committed'
+  path, config, params = smollm2
   draft, draft_params = registry.load_trained_draft(draft_dir, config, params)
   target = llama.LlamaForward(config)
   from models import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
