@@ -197,7 +197,7 @@ class Verifier(Protocol):
 class Schedule(Protocol):
   """Picks each round's K (the number of tokens drafted) inside the compiled loop.
 
-  The loop compiles one branch per K in `branches(K_max)` (`lax.switch`: shapes stay fixed and
+  The loop compiles one branch per K in `branches(K_max)` (one runs per round: shapes stay fixed and
   nothing recompiles) and each round runs the branch `choose` returns; `update` then sees the
   metrics before and after the round. State is a pytree carried in the loop. K depends only on
   rounds already committed, so every exact verifier stays exact.

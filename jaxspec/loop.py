@@ -15,7 +15,7 @@ one more) and `commit` (n + 1 tokens are written, cut at the first EOS and at th
 a row whose numbers went bad where it samples stops there). K = 0 is plain decoding.
 
 With a `Schedule` (`jaxspec.schedule`) each round runs one of several compiled rounds, one per K
-in the schedule's branches (`lax.switch`); state shapes are those of the largest K, so nothing
+in the schedule's branches (each a while loop of 0 or 1 trips); state shapes are those of the largest K, so nothing
 recompiles. A draft may also stop early per row (`DecodeConfig.min_draft_confidence`).
 """
 
@@ -328,7 +328,7 @@ def speculative_step(state: DecodeState, target_params, draft_params, *, target:
 def decode_step(state: DecodeState, target_params, draft_params, *, target: Model,
                 draft: Draft | None, config: DecodeConfig) -> DecodeState:
   """One round of the loop: `speculative_step` at K = num_draft_tokens or, under a schedule, at
-  the K the schedule picks among its compiled branches (`lax.switch`), then the schedule's
+  the K the schedule picks among its compiled branches (`_switch_in_place`), then the schedule's
   update. A pure function: state -> state."""
   schedule = config.schedule
   if schedule is None:
