@@ -37,7 +37,8 @@ def parse_args(argv=None):
   p.add_argument('--tokenizer', type=cli.existing_file, help='GGUF file to take the tokenizer '
                  'from (default: the target\'s GGUF, else the default model)')
   p.add_argument('--no-chat', action='store_true', help='do not apply the chat template')
-  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=128,
+                 help='new tokens per answer at most (default 128)')
   p.add_argument('--num-draft-tokens', type=_num_draft_tokens, default=4,
                  help='K, tokens drafted per round; auto: K in 0..--max-draft-tokens chosen each '
                  'round from the measured acceptance and round costs (measured at start-up); '
@@ -52,7 +53,9 @@ def parse_args(argv=None):
                  help='ngram | ngram:N | early-exit:N | PATH (a draft checkpoint or model)')
   p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=cli.nonnegative_int, default=0, help='0 = off')
-  p.add_argument('--top-p', type=cli.fraction, default=1.0)
+  p.add_argument('--top-p', type=cli.fraction, default=1.0,
+                 help='nucleus sampling: keep the most likely tokens up to this total probability '
+                 '(default 1 = off)')
   p.add_argument('--seed', type=int, default=0,
                  help='every row\'s seed (a --prompts-file line may carry its own "seed"); a '
                  'row\'s tokens depend only on its prompt and seed, not on the batch')
