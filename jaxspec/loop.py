@@ -15,8 +15,9 @@ one more) and `commit` (n + 1 tokens are written, cut at the first EOS and at th
 a row whose numbers went bad where it samples stops there). K = 0 is plain decoding.
 
 With a `Schedule` (`jaxspec.schedule`) each round runs one of several compiled rounds, one per K
-in the schedule's branches (each a while loop of 0 or 1 trips); state shapes are those of the largest K, so nothing
-recompiles. A draft may also stop early per row (`DecodeConfig.min_draft_confidence`).
+in the schedule's branches (each a while loop of 0 or 1 trips); state shapes are those of the
+largest K, so nothing recompiles. A draft may also stop early per row
+(`DecodeConfig.min_draft_confidence`).
 """
 
 from __future__ import annotations
@@ -349,8 +350,9 @@ def _switch_in_place(index, branches, state, *args):
   """`lax.switch(index, branches, state, *args)` for a state updated in place: each branch runs
   in a while loop of 0 or 1 trips. XLA:CPU copies every buffer a `conditional` branch updates in
   place (the KV caches, twice a round: ~5% of a SmolLM2 step at batch 1), while a loop's carry is
-  updated in place, as in the decode loop itself. Exactly one branch runs; the result is the
-  same as `lax.switch`'s."""
+  updated in place, as in the decode loop itself. Exactly one branch runs (index clamped to the
+  branches, as `lax.switch` does); the result is the same as `lax.switch`'s."""
+  index = jnp.clip(index, 0, len(branches) - 1)
   for i, branch in enumerate(branches):
     state = jax.lax.while_loop(lambda c: c[0], lambda c: (False, branch(c[1], *args)),
                                (index == i, state))[1]
