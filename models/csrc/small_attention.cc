@@ -87,7 +87,8 @@ __attribute__((target("avx2,fma"))) void MixRowAvx2(const float* p, const float*
       const __m256 cv = _mm256_set1_ps(p[s]);
       const float* vrow = v + s * stride + c;
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(vrow + 8 * j), acc[j]);
+      for (int j = 0; j < 8; ++j)
+        acc[j] = _mm256_fmadd_ps(cv, _mm256_loadu_ps(vrow + 8 * j), acc[j]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + c + 8 * j, acc[j]);
