@@ -96,15 +96,26 @@ def existing_file(text: str) -> str:
   return text
 
 
-def mesh_spec(text: str) -> str:
-  """A --mesh value (`data=2,model=4`): its syntax and axis names checked before anything loads
-  (`jaxspec.sharding.parse_mesh_spec`); the device count is checked when the mesh is made."""
+def parsed_by(parse, keep_text: bool = False):
+  """A type that applies `parse(text)` and turns its ValueError into argparse's error for the
+  flag; the value is parse's result, or the text itself when `keep_text` (a check only)."""
+  def check(text: str):
+    try:
+      value = parse(text)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(str(e)) from None
+    return text if keep_text else value
+  return check
+
+
+def _parse_mesh_spec(text: str):
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
-  try:
-    sharding.parse_mesh_spec(text)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
-  return text
+  return sharding.parse_mesh_spec(text)
+
+
+# A --mesh value (`data=2,model=4`): syntax and axis names checked before anything loads; the
+# device count is checked when the mesh is made.
+mesh_spec = parsed_by(_parse_mesh_spec, keep_text=True)
 
 
 def add_mesh_flag(parser: argparse.ArgumentParser) -> None:

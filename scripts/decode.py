@@ -49,7 +49,8 @@ def parse_args(argv=None):
   p.add_argument('--min-draft-confidence', type=cli.probability, default=0.0,
                  help='a row stops drafting after a token whose draft probability peaks below '
                  'this (0 = never)')
-  p.add_argument('--draft', default='ngram', type=_draft_spec,
+  p.add_argument('--draft', default='ngram',
+                 type=cli.parsed_by(loading.parse_draft_spec, keep_text=True),
                  help='ngram | ngram:N | early-exit:N | PATH (a draft checkpoint or model)')
   p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=cli.nonnegative_int, default=0, help='0 = off')
@@ -59,7 +60,7 @@ def parse_args(argv=None):
   p.add_argument('--seed', type=int, default=0,
                  help='every row\'s seed (a --prompts-file line may carry its own "seed"); a '
                  'row\'s tokens depend only on its prompt and seed, not on the batch')
-  p.add_argument('--verifier', default='exact', type=_verifier,
+  p.add_argument('--verifier', default='exact', type=cli.parsed_by(js.parse_verifier),
                  help='acceptance rule for temperature > 0: exact (default), coupled (tokens '
                  'identical to plain sampling with the same seed), mixture:W (LOSSY), '
                  'typical:EPS,DELTA (LOSSY); temperature 0 is greedy')
@@ -93,28 +94,12 @@ def _num_draft_tokens(text: str) -> int | str:
 SCHEDULES = ('auto', 'heuristic')
 
 
-def _draft_spec(spec: str) -> str:
-  """Checks a --draft value before anything loads (`models.loading.parse_draft_spec`)."""
-  try:
-    loading.parse_draft_spec(spec)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
-  return spec
-
-
 def _say(message: str) -> None:
   """Progress for a person at the terminal, on stderr."""
   print(f'[{time.perf_counter() - _START:6.1f} s] {message}', file=sys.stderr, flush=True)
 
 
 _START = time.perf_counter()
-
-
-def _verifier(spec: str):
-  try:
-    return js.parse_verifier(spec)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def read_prompts(args) -> tuple[list[str], list[int]]:

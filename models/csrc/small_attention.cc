@@ -74,7 +74,8 @@ __attribute__((target("avx2,fma"))) void Dot8Avx2(const float* q, const float* k
 }
 
 // out[0..h) = sum over s in order of p[s] * v[s * stride ..] (one fma chain per element starting
-// from 0, as AxpyAvx2 applied for s = 0, 1, ..), accumulated in registers 64 columns at a time.
+// from 0, as AxpyScalar applied for s = 0, 1, ..), accumulated in registers 64 columns at a
+// time.
 __attribute__((target("avx2,fma"))) void MixRowAvx2(const float* p, const float* v,
                                                     int64_t stride, int64_t s_len, int64_t h,
                                                     float* out) {
