@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import ngram
+from jaxspec.control import run_if
 from jaxspec.contracts import Draft, DraftContext, Prefill, Proposal, Scored
 from jaxspec.sampling import process_logits
 
@@ -117,12 +118,18 @@ class FeatureDraft(Draft):
   distribution of x_{j+1}; `forward.init_cache(batch_size, buffer_len)`. The target must be a
   `FeatureModel`.
 
-  State (a dict pytree): the draft's KV cache, `features [B,W,D]`, the target's features at
-  positions `start .. start+K` from the latest verify pass, and `start [B]` int32. A round with
-  committed length L: the window `j = start+1 .. start+K+1` pairs x_j with f_{j-1} (true
-  features up to j = L-1, the rest overwritten later), its output at j = L-1 gives d_1; then K-1
-  single steps feed each draft token with the predicted feature. Cache entries past L-1 are
-  rewritten before they are read, so rolling back is again only moving L.
+  State (a dict pytree): the draft's KV cache, `features [B,W,D]` (W = K + 1 of the largest K)
+  with `features[:, i] = f_{start+i}`, the target's features not yet fed to the draft, and
+  `start [B]` int32: the draft's cache is up to date for positions <= start. A round with
+  committed length L: the catch-up window `j = start+1 .. start+W` pairs x_j with f_{j-1}
+  (true features up to j = L-1, the rest overwritten later), its output at j = L-1 gives d_1;
+  then K-1 single steps feed each draft token with the predicted feature, and `start` becomes
+  L-1. Cache entries past L-1 are rewritten before they are read, so rolling back is again only
+  moving L.
+
+  A K = 0 round (under a schedule) drafts nothing and only appends the verify pass's feature to
+  `features`; the catch-up pass runs there only once the window is full (every W-th K = 0 round
+  in a row), otherwise the next drafting round catches up, so plain rounds cost no draft work.
   """
 
   forward: Callable[..., Any]
@@ -142,21 +149,31 @@ class FeatureDraft(Draft):
     return {'cache': cache, 'features': window, 'start': start}
 
   def observe(self, state, scored: Scored):
-    """Takes the target's features `[B,W,D]` of the verify window starting at `scored.start`
-    (padded with zeros to the state's width, K + 1 of the largest K, when W is smaller)."""
+    """Stores the target's features `[B,K+1,D]` of the verify window starting at `scored.start`
+    at index `scored.start - start` of `features` (0 after a catch-up pass; after a K = 0 round
+    without one, behind the features still to be fed)."""
     features = scored.features.astype(state['features'].dtype)
-    pad = state['features'].shape[1] - features.shape[1]
-    return {**state, 'features': jnp.pad(features, ((0, 0), (0, pad), (0, 0))),
-            'start': scored.start}
+    write = jax.vmap(lambda f, w, i: jax.lax.dynamic_update_slice_in_dim(f, w, i, axis=0))
+    return {**state, 'features': write(state['features'], features,
+                                       scored.start - state['start'])}
 
-  def propose(self, params, state, ctx: DraftContext) -> Proposal:
-    lengths, width = ctx.lengths, state['features'].shape[1]
-    pos = state['start'] + 1
+  def _catch_up(self, params, state, ctx: DraftContext):
+    """Feeds x_j with f_{j-1} for j = start+1 .. start+W; returns (output features [B,W,D],
+    state with start = L - 1)."""
+    width, pos = state['features'].shape[1], state['start'] + 1
     idx = jnp.clip(pos[:, None] + jnp.arange(width), 0, ctx.tokens.shape[1] - 1)
     window = jnp.take_along_axis(ctx.tokens, idx, axis=1)
     feats, cache = self.forward(params, window, state['features'], state['cache'], pos)
-    if ctx.num_draft_tokens == 0:  # the catch-up pass only: no head, nothing drafted
-      return _empty(ctx, {**state, 'cache': cache}, ctx.target_cache)
+    return feats, {**state, 'cache': cache, 'start': ctx.lengths - 1}
+
+  def propose(self, params, state, ctx: DraftContext) -> Proposal:
+    lengths, width = ctx.lengths, state['features'].shape[1]
+    if ctx.num_draft_tokens == 0:  # nothing drafted; catch up only if this round's feature
+      full = jnp.any(lengths - 1 - state['start'] >= width)  # would not fit the window
+      state = run_if(full, lambda s: self._catch_up(params, s, ctx)[1], state)
+      return _empty(ctx, state, ctx.target_cache)
+    pos = state['start'] + 1
+    feats, state = self._catch_up(params, state, ctx)
     last = jnp.take_along_axis(feats, (lengths - 1 - pos)[:, None, None], axis=1)  # [B,1,D]
 
     def step(carry, x):
@@ -165,7 +182,7 @@ class FeatureDraft(Draft):
       return self.forward.logits(params, feature)[:, 0], (feature, cache, position + 1)
 
     tokens, q, num, (_, cache, _) = _autoregress(
-        self.forward.logits(params, last)[:, 0], step, (last, cache, lengths), ctx)
+        self.forward.logits(params, last)[:, 0], step, (last, state['cache'], lengths), ctx)
     return Proposal(tokens, q, num, {**state, 'cache': cache}, ctx.target_cache)
 
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import noise
+from jaxspec.control import run_if
 from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal,
                                Schedule, Scored, Verifier, buffer_length)
 from jaxspec.metrics import Metrics
@@ -354,8 +355,7 @@ def _switch_in_place(index, branches, state, *args):
   branches, as `lax.switch` does); the result is the same as `lax.switch`'s."""
   index = jnp.clip(index, 0, len(branches) - 1)
   for i, branch in enumerate(branches):
-    state = jax.lax.while_loop(lambda c: c[0], lambda c: (False, branch(c[1], *args)),
-                               (index == i, state))[1]
+    state = run_if(index == i, lambda s, branch=branch: branch(s, *args), state)
   return state
 
 

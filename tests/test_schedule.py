@@ -83,19 +83,25 @@ def test_greedy_identity_with_early_stop(plain, name, threshold):
     assert summary['drafted_tokens'] <= rounds
 
 
-def test_feature_draft_state_survives_changing_k():
+@pytest.mark.parametrize('k_max, ks', [
+    (K_MAX, Cycle.ks),
+    (K_MAX, (0,) * 7 + (2,) + (0,) * 11 + (4, 1) + (0,) * 5 + (3,)),  # catch-up passes in K = 0
+    (1, (0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1))])
+def test_feature_draft_state_survives_changing_k(k_max, ks):
   """The oracle EAGLE draft accepts everything only if every feature it reads is the right one;
-  K changes every round (0 included), so the feature window and cache must be kept at K_max."""
+  K changes every round (0 included), so the feature window and cache must be kept at K_max,
+  and the features of K = 0 rounds must reach the draft's cache (runs of K = 0 longer than the
+  window force a catch-up pass there)."""
   target, params = toys.FeatureTableModel(), toys.random_table(jax.random.key(0), 12)
   prompts, lengths = js.pad_prompts([[3], [1, 4, 1, 5, 9, 2, 6], [2, 7]], bucket=8)
   for temperature in (0.0, 1.0):
-    config = js.DecodeConfig(num_draft_tokens=K_MAX, max_new_tokens=23, schedule=Cycle(),
+    config = js.DecodeConfig(num_draft_tokens=k_max, max_new_tokens=29, schedule=Cycle(ks),
                              sampling=js.SamplingConfig(temperature=temperature))
     out = js.generate(params, params, prompts, lengths, np.ones(3, int), target=target,
                       draft=js.FeatureDraft(toys.OracleFeatureDraft()), config=config)
     stats = js.summarize(out.metrics)
     assert stats['drafted_tokens'] > 0 and stats['acceptance_rate'] == 1.0
-    assert all(len(r) == 23 for r in out.new_tokens())
+    assert all(len(r) == 29 for r in out.new_tokens())
 
 
 # --- exactness of sampling (toy table model, V = 5) ---------------------------------------------
