@@ -7,7 +7,8 @@ at each row's first differing token (a near-tie that flipped), and tokens/s of b
 exclude compilation and count every generated token of the batch.
 
   .venv/bin/python scripts/bench_invariance.py --dtype bfloat16 --num-prompts 16 \\
-      --max-new-tokens 128 --drafts ngram,early-exit:24,drafts/smollm2_eagle --ks 1,2,3,4,5,6,7,8
+      --max-new-tokens 128 --drafts ngram,early-exit:24,drafts/smollm2_eagle \\
+      --num-draft-tokens 1,2,3,4,5,6,7,8
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Shared test setup: CPU, float32 matmuls, key-reuse checking on.
+"""Shared test setup: CPU, float32 matmuls, key-reuse checking on, and `--run-slow`.
+
+Tests marked `slow` (real-model decode sweeps of tens of minutes, far past the suite's budget)
+run only with `pytest --run-slow`; without it they are reported as skipped with that reason.
 
 XLA's backend optimization is lowered for the tests: they are dominated by compiling many small
 programs, and -O0 compiles about a third faster with the same results (the same assertions pass
@@ -25,3 +28,21 @@ def _release_compiled_programs():
   aborted inside XLA's compiler near the end without this)."""
   yield
   jax.clear_caches()
+
+
+def pytest_addoption(parser):
+  parser.addoption('--run-slow', action='store_true',
+                   help='also run the tests marked slow (real-model sweeps, tens of minutes)')
+
+
+def pytest_configure(config):
+  config.addinivalue_line('markers', 'slow: a real-model sweep run only with --run-slow')
+
+
+def pytest_collection_modifyitems(config, items):
+  if config.getoption('--run-slow'):
+    return
+  skip = pytest.mark.skip(reason='slow (a real-model sweep): run with pytest --run-slow')
+  for item in items:
+    if 'slow' in item.keywords:
+      item.add_marker(skip)
