@@ -1,0 +1,112 @@
+"""One target prefill pass over generated text: the teacher distributions a draft is distilled
+from (DistillSpec, Zhou et al. 2024) and, for EAGLE, the target's features (Li et al. 2024).
+
+The corpus in the repository keeps only token ids (`models.corpus`); what training needs besides
+is recomputed here, once per machine, and cached next to the training run: one `.npz` per corpus
+shard in the layout `models.draft_training.load_rows` reads (`tokens` [N] int32, `offsets`
+[R+1], `prompt_lengths` [R], `sampled` [R], `teacher_ids` [N,k] int32, `teacher_logp` [N,k]
+float16: position i predicts token i+1 of its row), and with `features` the target's final-normed
+features `[R,T,D]` float16 in the row layout `load_rows` gives for T = `seq_len` (rows longer than
+T keep their end), saved as `<shard>_features_<T>.npy`, where `draft_training.eagle_recipe` looks.
+Each position's numbers come from the whole sequence before it, never from a cropped window.
+
+Shape letters: R rows, N tokens of all rows, B batch, P padded length, k top-k, D width, T seq_len.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+
+def _programs(forward, params, top_k: int, features: bool):
+  """One jitted pass `tokens [B,P] int32 -> (ids [B,P,k] int32, logp [B,P,k] float16[,
+  features [B,P,D] float16])`, compiled once per P."""
+
+  @jax.jit
+  def run(tokens_BP):
+    b, p = tokens_BP.shape
+    cache, start = forward.init_cache(b, p), jnp.zeros((b,), jnp.int32)
+    if features:
+      logits, _, feats = forward.with_features(params, tokens_BP, cache, start)
+    else:
+      logits, _ = forward(params, tokens_BP, cache, start)
+    logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), top_k)
+    out = (ids.astype(jnp.int32), logp.astype(jnp.float16))
+    return out + ((feats.astype(jnp.float16),) if features else ())
+
+  return run
+
+
+def teacher_pass(forward, params, sequences: Sequence[np.ndarray], prompt_lengths, *,
+                 top_k: int = 16, batch_size: int = 8, bucket: int = 64,
+                 features_seq_len: int | None = None, desc: str = 'teacher') -> dict:
+  """The target over every sequence, batched by length.
+
+  Args:
+    forward: the target (`jaxspec.contracts.Model`; a `FeatureModel` when features are asked).
+    sequences: R token arrays (prompt then answer).
+    prompt_lengths: `[R]` prompt tokens of each sequence.
+    top_k: teacher log-probs kept per position.
+    batch_size, bucket: B, and P rounded up to a multiple of `bucket` (one program per P).
+    features_seq_len: T; when given, also the features in `load_rows`' layout `[R,T,D]`.
+  Returns:
+    A dict of the arrays above (`features` only with features_seq_len).
+  Raises:
+    ValueError: an empty sequence, or a prompt length outside [1, len(sequence)].
+  """
+  lengths = np.asarray([len(s) for s in sequences], np.int64)
+  plens = np.asarray(prompt_lengths, np.int64)
+  if len(sequences) == 0 or np.any(lengths == 0) or np.any((plens < 1) | (plens > lengths)):
+    raise ValueError('every sequence needs a prompt of 1..len(sequence) tokens')
+  run = _programs(forward, params, top_k, features_seq_len is not None)
+  offsets = np.concatenate([[0], np.cumsum(lengths)])
+  ids = np.zeros((offsets[-1], top_k), np.int32)
+  logp = np.zeros((offsets[-1], top_k), np.float16)
+  feats = None
+  order = np.argsort(lengths, kind='stable')
+  for i in tqdm(range(0, len(order), batch_size), desc=desc):
+    rows = order[i:i + batch_size]
+    p = int(-(-lengths[rows].max() // bucket) * bucket)
+    tokens = np.zeros((batch_size, p), np.int32)  # the last batch padded with empty rows
+    for b, r in enumerate(rows):
+      tokens[b, :lengths[r]] = sequences[r]
+    out = [np.asarray(a) for a in run(jnp.asarray(tokens))]
+    for b, r in enumerate(rows):
+      n, lo = lengths[r], offsets[r]
+      ids[lo:lo + n], logp[lo:lo + n] = out[0][b, :n], out[1][b, :n]
+      if features_seq_len is not None:
+        if feats is None:
+          feats = np.zeros((len(sequences), features_seq_len, out[2].shape[-1]), np.float16)
+        crop = max(0, n - features_seq_len)  # keep the end, as load_rows does
+        feats[r, :n - crop] = out[2][b, crop:n]
+  result = dict(tokens=np.concatenate(sequences).astype(np.int32), offsets=offsets,
+                prompt_lengths=plens.astype(np.int32), teacher_ids=ids, teacher_logp=logp)
+  if feats is not None:
+    result['features'] = feats
+  return result
+
+
+def features_path(npz_path: str, seq_len: int) -> str:
+  """Where `draft_training.eagle_recipe` reads the features cached for a data file."""
+  return f'{os.path.splitext(npz_path)[0]}_features_{seq_len}.npy'
+
+
+def write(path: str, arrays: dict, seq_len: int | None = None, **columns) -> None:
+  """Saves a teacher-pass result (and its features, next to it), each file written whole under
+  a temporary name first, so that an interrupted run leaves no half-written shard."""
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  arrays = dict(arrays)
+  feats = arrays.pop('features', None)
+  if feats is not None:
+    tmp = features_path(path, seq_len) + '.tmp.npy'
+    np.save(tmp, feats)
+    os.replace(tmp, features_path(path, seq_len))
+  tmp = path + '.tmp.npz'
+  np.savez(tmp, **arrays, **columns)
+  os.replace(tmp, path)
