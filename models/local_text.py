@@ -137,7 +137,15 @@ def licenses(rng) -> Iterator[Document]:
     paths += glob.glob(os.path.join(root, '*.dist-info', 'LICENSE*'))
     paths += glob.glob(os.path.join(root, '*.dist-info', 'licenses', '**', '*'), recursive=True)
   for path in _shuffled((p for p in paths if os.path.isfile(p)), rng):
-    yield Document('licenses', path, (_read(path),))
+    yield Document('licenses', _shown(path), (_read(path),))
+
+
+def _shown(path: str) -> str:
+  """A file's name as recorded: under a site-packages directory, from `site-packages/` on."""
+  for root in _site_dirs():
+    if path.startswith(root + os.sep):
+      return os.path.join('site-packages', os.path.relpath(path, root))
+  return path
 
 
 def _site_dirs() -> list[str]:
