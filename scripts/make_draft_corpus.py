@@ -1,0 +1,82 @@
+"""Makes the draft-training corpus of `data/draft_corpus/` (`models.draft_corpus`, data/README.md).
+
+Stage `prompts`: Magpie chat prompts written by the target, and grounded prompts over text found
+on this machine, filtered, de-duplicated and kept apart from the evaluation prompts ->
+OUT/prompts.jsonl.gz. Stage `answers`: the target answers every prompt (greedy, or sampled at
+temperature 1), OUT/answers/shard_*.npz. `all`: both. Rerunning resumes: finished shards are
+skipped; other settings on the same OUT are refused.
+
+  .venv/bin/python scripts/make_draft_corpus.py --stage prompts
+  .venv/bin/python scripts/make_draft_corpus.py --stage answers
+  .venv/bin/python scripts/make_draft_corpus.py --stage all --num-prompts 64 \\
+      --out runs/corpus_smoke --work-dir runs/corpus_smoke_work     # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from models import cli, draft_corpus, loading  # pylint: disable=g-import-not-at-top
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  prompts, answers = draft_corpus.PromptSpec(), draft_corpus.AnswerSpec()
+  p.add_argument('--stage', choices=('prompts', 'answers', 'all'), default='all')
+  cli.add_model_flags(p)
+  p.add_argument('--out', default=os.path.join(ROOT, 'data', 'draft_corpus'),
+                 help='corpus directory: prompts.jsonl.gz, answers/, manifest.json')
+  p.add_argument('--work-dir', default=os.path.join(ROOT, 'runs', 'draft_corpus'),
+                 help='raw Magpie samples (not part of the corpus)')
+  p.add_argument('--num-prompts', type=cli.positive_int, default=prompts.num_prompts)
+  p.add_argument('--grounded-fraction', type=cli.probability, default=prompts.grounded_fraction,
+                 help='share of grounded prompts; the rest are Magpie prompts')
+  p.add_argument('--magpie-shard-size', type=cli.positive_int,
+                 default=prompts.magpie_shard_size, help='raw Magpie samples a shard')
+  p.add_argument('--magpie-max-new-tokens', type=cli.positive_int,
+                 default=prompts.magpie_max_new_tokens,
+                 help='token budget of a Magpie user message (cut ones are dropped)')
+  p.add_argument('--max-prompt-tokens', type=cli.positive_int, default=prompts.max_prompt_tokens,
+                 help='longer chat-encoded prompts are dropped')
+  p.add_argument('--shard-size', type=cli.positive_int, default=answers.shard_size,
+                 help='prompts an answer shard')
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=answers.max_new_tokens)
+  p.add_argument('--sampled-fraction', type=cli.probability, default=answers.sampled_fraction,
+                 help='share of answers sampled at temperature 1 (the rest greedy)')
+  p.add_argument('--batch-size', type=cli.positive_int, default=32)
+  p.add_argument('--bucket', type=cli.positive_int, default=64,
+                 help='answer prompts are padded to a multiple of this many tokens')
+  p.add_argument('--seed', type=int, default=0)
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  args = _parse(argv)
+  config, params, gguf_path = loading.load_model(args.model, args.dtype)
+  tok = loading.tokenizer_for(gguf_path)
+  forward = loading.forward_for(config)
+  if args.stage in ('prompts', 'all'):
+    spec = draft_corpus.PromptSpec(
+        num_prompts=args.num_prompts, grounded_fraction=args.grounded_fraction,
+        magpie_shard_size=args.magpie_shard_size,
+        magpie_max_new_tokens=args.magpie_max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, seed=args.seed)
+    draft_corpus.make_prompts(params, forward, tok, spec, args.out, args.work_dir,
+                              args.batch_size, config.context_length)
+  if args.stage in ('answers', 'all'):
+    spec = draft_corpus.AnswerSpec(shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
+                                   sampled_fraction=args.sampled_fraction, seed=args.seed)
+    draft_corpus.make_answers(params, forward, tok, spec, args.out, args.batch_size, args.bucket,
+                              config.context_length)
+
+
+if __name__ == '__main__':
+  try:
+    main()
+  except draft_corpus.SettingsMismatch as e:
+    raise SystemExit(f'error: {e}') from None
