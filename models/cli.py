@@ -96,6 +96,13 @@ def existing_file(text: str) -> str:
   return text
 
 
+def existing_dir(text: str) -> str:
+  """A path to an existing directory."""
+  if not os.path.isdir(text):
+    raise argparse.ArgumentTypeError(f'{text!r} is not a directory')
+  return text
+
+
 def parsed_by(parse, keep_text: bool = False):
   """A type that applies `parse(text)` and turns its ValueError into argparse's error for the
   flag; the value is parse's result, or the text itself when `keep_text` (a check only)."""

@@ -110,3 +110,36 @@ def write(path: str, arrays: dict, seq_len: int | None = None, **columns) -> Non
   tmp = path + '.tmp.npz'
   np.savez(tmp, **arrays, **columns)
   os.replace(tmp, path)
+
+
+def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
+               features: bool, top_k: int = 16, batch_size: int = 8) -> list[str]:
+  """The teacher pass of every answer shard of a draft corpus (`models.corpus`; `corpus_dir` is
+  the corpus, with its shards in `answers/`, or a folder of shards), each written to `out_dir`
+  under the shard's name and skipped when already there (with its features when `features`), so
+  an interrupted run resumes. Returns the data files, in shard order.
+
+  Raises:
+    FileNotFoundError: the corpus has no shards.
+  """
+  from models import corpus  # pylint: disable=g-import-not-at-top
+
+  answers = os.path.join(corpus_dir, 'answers')
+  shards = corpus.shard_paths(answers if os.path.isdir(answers) else corpus_dir)
+  if not shards:
+    raise FileNotFoundError(f'no corpus shards in {corpus_dir} (scripts/make_draft_corpus.py)')
+  outs = []
+  for i, shard in enumerate(shards):
+    out = os.path.join(out_dir, os.path.basename(shard))
+    outs.append(out)
+    if os.path.isfile(out) and (not features or os.path.isfile(features_path(out, seq_len))):
+      continue
+    data = corpus.read_shard(shard)
+    tokens, offsets = data['tokens'].astype(np.int32), data['offsets']
+    seqs = [tokens[offsets[r]:offsets[r + 1]] for r in range(len(offsets) - 1)]
+    result = teacher_pass(forward, params, seqs, data['prompt_lengths'], top_k=top_k,
+                          batch_size=batch_size, features_seq_len=seq_len if features else None,
+                          desc=f'teacher pass, shard {i + 1}/{len(shards)}')
+    sampled = data.get('sampled', np.zeros(len(seqs), bool))
+    write(out, result, seq_len=seq_len, sampled=sampled)
+  return outs

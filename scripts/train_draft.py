@@ -17,6 +17,8 @@ result is written with `models.registry.save_draft` to `--out`. Each kind's conf
 loss are its recipe in `models.draft_training`, named by `models.registry`.
 
   .venv/bin/python scripts/make_draft_data.py                      # the data, once
+  .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus
+      (the corpus in the repository: token ids only; the teacher pass runs first, cached)
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
   .venv/bin/python scripts/train_draft.py --kind small --steps 150 # -> runs/smollm2_small
   .venv/bin/python scripts/train_draft.py --kind eagle ...         # -> drafts/smollm2_eagle
@@ -39,15 +41,25 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models import (cli, draft_heads, draft_training, loading,  # pylint: disable=g-import-not-at-top
-                    registry)
+                    registry, teacher_pass)
 
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument('--kind', choices=tuple(registry.KINDS), default='exit')
   cli.add_model_flags(p, dtype=False)
-  p.add_argument('--data', type=cli.list_of(cli.existing_file), default='runs/draft_data.npz',
-                 help='comma-separated .npz files from scripts/make_draft_data.py')
+  data = p.add_mutually_exclusive_group()
+  data.add_argument('--data', type=cli.list_of(cli.existing_file), default=None,
+                    help='comma-separated .npz files from scripts/make_draft_data.py (default '
+                    'runs/draft_data.npz)')
+  data.add_argument('--corpus', type=cli.list_of(cli.existing_dir), default=None,
+                    help='comma-separated corpus directories of scripts/make_draft_corpus.py '
+                    '(token ids only): their teacher pass (target top-k, and features for '
+                    'eagle) runs once into --teacher-dir, resumable by shard')
+  p.add_argument('--teacher-dir', default='runs/teacher',
+                 help='where the teacher pass of --corpus is cached (one folder a corpus)')
+  p.add_argument('--teacher-top-k', type=cli.positive_int, default=16,
+                 help='teacher log-probs kept per position (--corpus)')
   p.add_argument('--out', default=None, help='default: the kind\'s (drafts/smollm2_exit, '
                  'drafts/smollm2_eagle, runs/smollm2_small: too big to commit)')
   p.add_argument('--ckpt-dir', default=None, help='default runs/ckpt_<kind>')
@@ -78,6 +90,11 @@ def _parse(argv=None):
                       'for measuring how agreement scales with data')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
+  if args.data is None and args.corpus is None:
+    if not os.path.isfile('runs/draft_data.npz'):
+      p.error('no training data: give --corpus or --data (default runs/draft_data.npz, made by '
+              'scripts/make_draft_data.py, is missing)')
+    args.data = ['runs/draft_data.npz']
   kind = registry.kind(args.kind)
   if args.source_layers is None:
     args.source_layers = list(kind.default_source_layers)
@@ -95,7 +112,10 @@ def main(argv=None):
   lr = args.lr or kind.default_lr
   t0 = time.time()
   config, params, _ = loading.load_model(args.model)
-  paths = args.data
+  paths = args.data or [path for directory in args.corpus for path in teacher_pass.for_corpus(
+      loading.forward_for(config), params, directory,
+      os.path.join(args.teacher_dir, os.path.basename(os.path.normpath(directory))),
+      seq_len=args.seq_len, features=args.kind == 'eagle', top_k=args.teacher_top_k)]
   counts = sum(draft_training.token_counts(path, config.vocab_size) for path in paths)
   vocab_ids = draft_heads.frequent_vocab(counts, args.draft_vocab_size, always=(2,))
   coverage = counts[vocab_ids].sum() / counts.sum()
@@ -169,7 +189,7 @@ def main(argv=None):
   eval_loss, eval_agree = evaluate(trainable)
   info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps,
               batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
-              seed=args.seed, data=args.data, rows=r, train_rows=len(train_rows),
+              seed=args.seed, data=args.data, corpus=args.corpus, rows=r, train_rows=len(train_rows),
               coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
               train_seconds=round(time.time() - t0))
