@@ -31,8 +31,9 @@ def _parse(argv=None):
   cli.add_model_flags(p)
   p.add_argument('--out', default=os.path.join(ROOT, 'data', 'draft_corpus'),
                  help='corpus directory: prompts.jsonl.gz, answers/, manifest.json')
-  p.add_argument('--work-dir', default=os.path.join(ROOT, 'runs', 'draft_corpus'),
-                 help='raw Magpie samples (not part of the corpus)')
+  p.add_argument('--work-dir', default=os.path.join(ROOT, 'data', 'draft_corpus', 'work'),
+                 help='raw Magpie samples (token ids, kept in the repository so that a run '
+                 'resumes on another machine; not read by training)')
   p.add_argument('--num-prompts', type=cli.positive_int, default=prompts.num_prompts)
   p.add_argument('--grounded-fraction', type=cli.probability, default=prompts.grounded_fraction,
                  help='share of grounded prompts; the rest are Magpie prompts')
