@@ -67,6 +67,37 @@ def load_model(path: str | None, dtype: str = 'float32', mesh=None):
                    'orbax checkpoint written by scripts/convert.py')
 
 
+def num_layers(path: str | None) -> int:
+  """The layer count of a checkpoint (`load_model`'s `path`), read from its metadata only (no
+  weights), so that flags can be checked before anything loads. Raises what `load_model` raises
+  for a missing or unknown path."""
+  path = gguf_loader.default_model_path() if path is None else path
+  if os.path.isfile(path) and path.endswith('.gguf'):
+    from models import gguf_file  # pylint: disable=g-import-not-at-top
+    meta = gguf_file.read_metadata(path)
+    return int(meta[f"{meta['general.architecture']}.block_count"])
+  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'config.json')):
+    from models import hf_loader  # pylint: disable=g-import-not-at-top
+    return int(hf_loader.read_config(path)['num_hidden_layers'])
+  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'jaxspec_config.json')):
+    from models import checkpoint  # pylint: disable=g-import-not-at-top
+    return checkpoint.read_config(path).num_layers
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'checkpoint not found: {path}')
+  raise ValueError(f'{path} is not a .gguf file, a Hugging Face directory (config.json) or an '
+                   'orbax checkpoint written by scripts/convert.py')
+
+
+def check_early_exit(spec: str, model_path: str | None) -> None:
+  """Raises ValueError when `spec` is `early-exit:N` with N not in [1, the model's layer count)
+  (read from the checkpoint's metadata, before any weights load); other specs pass."""
+  name, n = parse_draft_spec(spec)
+  if name == 'early-exit':
+    layers = num_layers(model_path)
+    if not 1 <= n < layers:
+      raise ValueError(f'early-exit:{n} needs 1 <= N < {layers} (the target\'s layer count)')
+
+
 def tokenizer_for(gguf_path: str | None):
   """The tokenizer of a GGUF file, or the default model's when None (`models.tokenizer`).
   Raises FileNotFoundError when the default model is not installed."""
@@ -86,8 +117,9 @@ DEFAULT_NGRAM = 3  # `ngram` is `ngram:3`
 
 def parse_draft_spec(spec: str) -> tuple[str, int | str]:
   """Checks a draft spec before anything loads: `('ngram', N)`, `('early-exit', N)` or
-  `('path', spec)` for an existing path. (The layer bound of early-exit:N needs the model and is
-  checked by `load_draft`.) Raises ValueError saying what is wrong."""
+  `('path', spec)` for an existing path. (The layer bound of early-exit:N needs the model's
+  metadata: `check_early_exit`; `load_draft` checks it too.) Raises ValueError saying what is
+  wrong."""
   name, sep, arg = spec.partition(':')
   if name in ('ngram', 'early-exit') and (sep or name == 'early-exit'):
     if not (arg.isdigit() and int(arg) >= 1):

@@ -142,6 +142,11 @@ def main(argv=None):
     except ValueError as e:
       raise ValueError(f'--mesh: {e}') from None
 
+  if args.draft:
+    try:
+      loading.check_early_exit(args.draft, args.model)
+    except ValueError as e:
+      raise ValueError(f'--draft: {e}') from None
   _say(f'loading {args.model or "SmolLM2-135M-Instruct"} ({args.dtype})')
   config, params, gguf_path = loading.load_model(args.model, args.dtype, mesh)
   if args.invariant:

@@ -31,6 +31,24 @@ def test_bad_flags_rejected_before_loading(flags, flag, capsys):
   assert flag in capsys.readouterr().err
 
 
+def test_early_exit_past_the_layer_count_rejected_before_loading(monkeypatch):
+  """The layer bound of early-exit:N comes from the checkpoint's metadata, before any weights."""
+  from models import gguf_loader, loading  # pylint: disable=g-import-not-at-top
+  try:
+    gguf_loader.default_model_path()
+  except FileNotFoundError as e:
+    pytest.skip(f'SmolLM2 GGUF unavailable: {e}')
+
+  def no_loading(*args, **kwargs):
+    raise AssertionError('the model was loaded before the flag was checked')
+
+  monkeypatch.setattr(loading, 'load_model', no_loading)
+  for n in (30, 999):
+    with pytest.raises(ValueError, match=f'--draft: early-exit:{n} needs 1 <= N < 30'):
+      decode.main(['--prompt', 'hi', '--draft', f'early-exit:{n}'])
+  assert loading.num_layers(None) == 30
+
+
 def test_prompts_file_seeds(tmp_path):
   path = tmp_path / 'prompts.jsonl'
   path.write_text('\n'.join([json.dumps({'prompt': 'a', 'seed': 5}), json.dumps({'prompt': 'b'}),
