@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxspec as js
-from models import cpu_matmul, invariant
+from models import cpu_matmul, draft_heads, invariant
 from models.llama import LlamaConfig, LlamaForward, init_params
 from tests.test_greedy_identity import AdversarialDraft
 
@@ -117,6 +117,23 @@ OTHER = _cast(init_params(LlamaConfig.tiny(tie_embeddings=False), jax.random.key
               jnp.bfloat16)
 
 
+def _trained_kinds():
+  """An EAGLE draft and an exit-adapter draft over the tiny target (random heads, bf16)."""
+  vocab_ids = jnp.arange(48)
+  eagle = draft_heads.EagleDraftConfig(source_layer=1, draft_vocab_size=48)
+  eagle_params = _cast({'embed': PARAMS['embed']['embedding'], 'vocab_ids': vocab_ids,
+                        'head': draft_heads.target_head_rows(CFG, PARAMS, vocab_ids),
+                        **draft_heads.init_eagle_draft(CFG, PARAMS, eagle, jax.random.key(4))},
+                       jnp.bfloat16)
+  exit_ = draft_heads.ExitDraftConfig(exit_layer=1, adapter_mlp_dim=16, draft_vocab_size=48)
+  adapter = draft_heads.init_exit_adapter(CFG, PARAMS, exit_, vocab_ids, jax.random.key(3))
+  exit_params = {'target': PARAMS, 'vocab_ids': vocab_ids, 'adapter': _cast(adapter, jnp.bfloat16)}
+  return {
+      'eagle': (js.FeatureDraft(draft_heads.EagleDraftForward(CFG, eagle)), eagle_params),
+      'exit_adapter': (js.ModelDraft(draft_heads.ExitDraftForward(CFG, exit_),
+                                     shares_target_cache=True), exit_params)}
+
+
 DRAFTS = {
     'ngram': (js.NGramDraft(), None),
     'perfect': (js.ModelDraft(TARGET), PARAMS),
@@ -124,6 +141,7 @@ DRAFTS = {
     'adversarial': (AdversarialDraft(TARGET), PARAMS),
     'early_exit': (js.ModelDraft(LlamaForward(CFG, num_layers=1), shares_target_cache=True),
                    PARAMS),
+    **_trained_kinds(),
 }
 
 
@@ -139,8 +157,9 @@ def plain_bf16():
   return _decode(None, None, 0)
 
 
-# Every draft at every K in 1..8 (the property they all follow from, the target's logits being
-# the same bits whatever the window, is tested on its own above).
+# Every draft kind at every K in 1..8 (the property they all follow from, the target's logits
+# being the same bits whatever the window, is tested on its own above; EAGLE's verify passes go
+# through the target's `with_features`, plain decoding through its `__call__`).
 CASES = [(name, k) for name in DRAFTS for k in range(1, 9)]
 
 
