@@ -18,7 +18,8 @@ loss are its recipe in `models.draft_training`, named by `models.registry`.
 
   .venv/bin/python scripts/make_draft_data.py                      # the data, once
   .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus
-      (the corpus in the repository: token ids only; the teacher pass runs first, cached)
+      (the corpus of scripts/make_draft_corpus.py, token ids only, once made; the teacher pass
+      runs first, cached)
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
   .venv/bin/python scripts/train_draft.py --kind small --steps 150 # -> runs/smollm2_small
   .venv/bin/python scripts/train_draft.py --kind eagle ...         # -> drafts/smollm2_eagle
