@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from models import corpus
+
 
 def _programs(forward, params, top_k: int, features: bool):
   """One jitted pass `tokens [B,P] int32 -> (ids [B,P,k] int32, logp [B,P,k] float16[,
@@ -122,8 +124,6 @@ def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
   Raises:
     FileNotFoundError: the corpus has no shards.
   """
-  from models import corpus  # pylint: disable=g-import-not-at-top
-
   answers = os.path.join(corpus_dir, 'answers')
   shards = corpus.shard_paths(answers if os.path.isdir(answers) else corpus_dir)
   if not shards:
