@@ -24,14 +24,12 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jaxspec as js  # pylint: disable=g-import-not-at-top
-from models import cli, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
+from models import cli, loading, prompts as prompt_files, teacher_pass  # pylint: disable=g-import-not-at-top
 
 
 def _parse(argv=None):
@@ -74,29 +72,6 @@ def _generate(params, forward, prompts, tok, args, sampling, seed, desc):
   return seqs
 
 
-def _teacher(params, forward, seqs, args, pad_id):
-  """Top-k log-probs of the target at every position of every sequence."""
-
-  @jax.jit
-  def topk(toks):
-    b, t = toks.shape
-    logits, _ = forward(params, toks, forward.init_cache(b, t), jnp.zeros((b,), jnp.int32))
-    logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), args.teacher_top_k)
-    return ids.astype(jnp.int32), logp.astype(jnp.float16)
-
-  order = np.argsort([len(s) for s in seqs])
-  ids_out, logp_out = [None] * len(seqs), [None] * len(seqs)
-  for i in tqdm(range(0, len(order), args.teacher_batch_size), desc='teacher'):
-    idx = order[i:i + args.teacher_batch_size]
-    batch = [seqs[j] for j in idx]
-    batch += [batch[-1]] * (args.teacher_batch_size - len(batch))
-    toks, _ = js.pad_prompts(batch, pad_id, bucket=64)
-    ids, logp = (np.asarray(a) for a in topk(jnp.asarray(toks)))
-    for r, j in enumerate(idx):
-      ids_out[j], logp_out[j] = ids[r, :len(seqs[j])], logp[r, :len(seqs[j])]
-  return ids_out, logp_out
-
-
 def main(argv=None):
   args = _parse(argv)
   rows = prompt_files.read_rows(args.prompts_file)
@@ -127,12 +102,12 @@ def main(argv=None):
                       args.seed + len(prompts), 'sampled T=1')
     plens += [len(p) for p in sub]
   sampled = np.arange(len(seqs)) >= (0 if args.skip_greedy else len(prompts))
-  ids, logp = _teacher(params, forward, seqs, args, tok.pad_id)
-  offsets = np.cumsum([0] + [len(s) for s in seqs])
+  teacher = teacher_pass.teacher_pass(forward, params, [np.asarray(s) for s in seqs], plens,
+                                      top_k=args.teacher_top_k,
+                                      batch_size=args.teacher_batch_size)
+  offsets = teacher['offsets']
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  np.savez_compressed(args.out, tokens=np.concatenate(seqs).astype(np.int32), offsets=offsets,
-                      prompt_lengths=np.asarray(plens, np.int32), sampled=sampled,
-                      teacher_ids=np.concatenate(ids), teacher_logp=np.concatenate(logp))
+  np.savez_compressed(args.out, **teacher, sampled=sampled)
   gen = int(offsets[-1] - sum(plens))
   print(f'{len(seqs)} sequences, {offsets[-1]} tokens ({gen} generated) -> {args.out} '
         f'in {time.time() - t0:.0f} s')
