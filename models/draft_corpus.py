@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import time
 
 import numpy as np
 from tqdm import tqdm
@@ -65,6 +66,41 @@ class AnswerSpec:
   seed: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """Process `index` of `count` working on one corpus side by side (one a core: a decode
+  process here keeps about one core busy). It makes only the shards whose number is `index`
+  modulo `count`, and waits for the others' shards where it needs them (the Magpie prompts
+  are read in shard order). Part 0 writes what the stage ends with (prompts.jsonl.gz, the
+  manifest's facts); the default, `Part(0, 1)`, is a run alone."""
+  index: int = 0
+  count: int = 1
+
+  def __post_init__(self):
+    if not 0 <= self.index < self.count:
+      raise ValueError(f'part {self.index}/{self.count}: want 0 <= index < count')
+
+  @classmethod
+  def parse(cls, text: str) -> 'Part':
+    """'W/N' -> Part(W, N); ValueError otherwise."""
+    try:
+      index, count = (int(x) for x in text.split('/'))
+    except ValueError:
+      raise ValueError(f'want W/N (this process W of N, 0 <= W < N), got {text!r}') from None
+    return cls(index, count)
+
+  def owns(self, shard: int) -> bool:
+    return shard % self.count == self.index
+
+
+POLL_SECONDS = 20
+
+
+def _wait_for(path: str) -> None:
+  while not os.path.exists(path):
+    time.sleep(POLL_SECONDS)
+
+
 class SettingsMismatch(ValueError):
   """A stage was begun in this output directory with other settings."""
 
@@ -93,10 +129,11 @@ def _record(out_dir: str, stage: str, **facts) -> None:
 
 def _write_json(path, value):
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+  tmp = f'{path}.{os.getpid()}.tmp'  # processes of one run (`Part`) may write it together
+  with open(tmp, 'w', encoding='utf-8') as f:
     json.dump(value, f, indent=1, sort_keys=True)
     f.write('\n')
-  os.replace(path + '.tmp', path)
+  os.replace(tmp, path)
 
 
 def prompts_path(out_dir: str) -> str:
@@ -159,9 +196,10 @@ def _magpie_shard(decoder, tok, prefixes, index, spec, path):
 
 
 def magpie_rows(decoder, tok, spec: PromptSpec, work_dir: str, keep: PromptFilter,
-                num: int) -> list[dict]:
+                num: int, part: Part = Part()) -> list[dict]:
   """`num` Magpie prompts that pass `keep`, from raw shards made (or found) in order in
-  `work_dir/magpie` (whose manifest records the settings that made them)."""
+  `work_dir/magpie` (whose manifest records the settings that made them); of the shards
+  missing, `part` makes those it owns and waits for the others."""
   prefixes = [magpie.user_turn_prefix(tok, s) for s in magpie.SYSTEM_PROMPTS]
   rows, raw = [], os.path.join(work_dir, 'magpie')
   _check_manifest(raw, 'magpie', {'magpie_shard_size': spec.magpie_shard_size, 'seed': spec.seed,
@@ -170,8 +208,19 @@ def magpie_rows(decoder, tok, spec: PromptSpec, work_dir: str, keep: PromptFilte
   bar = tqdm(total=num, desc='magpie prompts kept', unit='prompt')
   for index in range(max_shards):
     path = corpus.shard_path(raw, index)
-    if not os.path.exists(path):
-      _magpie_shard(decoder, tok, prefixes, index, spec, path)
+    while not os.path.exists(path):
+      # Make this shard if it is ours; else the next one of ours the count still needs
+      # (estimated at the keep rate so far), and wait only when there is none.
+      seen = index * spec.magpie_shard_size
+      rate = max(len(rows) / seen if seen else 0.5, 0.1)
+      need = index + math.ceil((num - len(rows)) / (rate * spec.magpie_shard_size))
+      mine = [j for j in range(index, need) if part.owns(j)
+              and not os.path.exists(corpus.shard_path(raw, j))]
+      if mine:
+        _magpie_shard(decoder, tok, prefixes, mine[0], spec, corpus.shard_path(raw, mine[0]))
+      else:
+        bar.set_postfix_str(f'waiting for shard {index} (part {index % part.count})')
+        time.sleep(POLL_SECONDS)
     shard = corpus.read_shard(path)
     t, o, p = shard['tokens'], shard['offsets'], shard['prompt_lengths']
     for r in range(len(p)):
@@ -208,8 +257,10 @@ def grounded_rows(spec: PromptSpec, keep: PromptFilter, num: int) -> list[dict]:
 
 
 def make_prompts(params, forward, tok, spec: PromptSpec, out_dir: str, work_dir: str,
-                 batch_size: int, context_length: int | None = None) -> list[dict]:
-  """Stage `prompts` (module docstring); returns the rows (read back when already made)."""
+                 batch_size: int, context_length: int | None = None,
+                 part: Part = Part()) -> list[dict]:
+  """Stage `prompts` (module docstring); returns the rows (read back when already made).
+  A `part` other than 0 stops when its share of the Magpie shards is made and returns []."""
   _check_manifest(out_dir, 'prompts', spec)
   if os.path.exists(prompts_path(out_dir)):
     print(f'{prompts_path(out_dir)} exists: the prompts stage is done')
@@ -221,7 +272,10 @@ def make_prompts(params, forward, tok, spec: PromptSpec, out_dir: str, work_dir:
                                    context_length=context_length)
   rows = grounded_rows(spec, keep, round(spec.num_prompts * spec.grounded_fraction))
   keep.reasons.clear()
-  rows += magpie_rows(decoder, tok, spec, work_dir, keep, spec.num_prompts - len(rows))
+  rows += magpie_rows(decoder, tok, spec, work_dir, keep, spec.num_prompts - len(rows), part)
+  if part.index:
+    print(f'part {part.index}/{part.count}: its Magpie shards are made; part 0 writes the prompts')
+    return []
   magpie_reasons = dict(keep.reasons)
   order = np.random.default_rng([spec.seed, 3]).permutation(len(rows))
   rows = [{'id': i, **rows[j]} for i, j in enumerate(order)]
@@ -269,9 +323,13 @@ def answer_shard(decoder, rows, ids, sampled, seeds, spec: AnswerSpec, path, pro
 
 
 def make_answers(params, forward, tok, spec: AnswerSpec, out_dir: str, batch_size: int,
-                 bucket: int = 64, context_length: int | None = None) -> None:
-  """Stage `answers` (module docstring): writes the shards still missing."""
+                 bucket: int = 64, context_length: int | None = None,
+                 part: Part = Part()) -> None:
+  """Stage `answers` (module docstring): writes the shards still missing (of them, those
+  `part` owns; part 0 then waits for the rest and records the stage's facts)."""
   _check_manifest(out_dir, 'answers', spec)
+  if part.index:
+    _wait_for(prompts_path(out_dir))  # part 0 writes it
   rows = read_prompts(out_dir)
   prompt_files.check_not_evaluation(rows, prompts_path(out_dir))
   for r in rows:
@@ -279,10 +337,12 @@ def make_answers(params, forward, tok, spec: AnswerSpec, out_dir: str, batch_siz
   sampled, seeds = answer_plan(len(rows), spec)
   shards_dir = os.path.join(out_dir, 'answers')
   num_shards = math.ceil(len(rows) / spec.shard_size)
-  todo = corpus.missing_shards(shards_dir, num_shards)
+  missing = corpus.missing_shards(shards_dir, num_shards)
+  todo = [i for i in missing if part.owns(i)]
   shard_rows = lambda i: np.arange(i * spec.shard_size, min(len(rows), (i + 1) * spec.shard_size))
   done_rows = len(rows) - sum(len(shard_rows(i)) for i in todo)
-  print(f'{num_shards - len(todo)} of {num_shards} answer shards exist; {len(todo)} to make')
+  print(f'{num_shards - len(missing)} of {num_shards} answer shards exist; {len(todo)} to make '
+        f'(part {part.index}/{part.count})')
   decoder = batched_decode.Decoder(params, forward, batch_size=batch_size, bucket=bucket,
                                    eos_id=tok.chat_eos_id, pad_id=tok.pad_id,
                                    context_length=context_length)
@@ -295,6 +355,10 @@ def make_answers(params, forward, tok, spec: AnswerSpec, out_dir: str, batch_siz
   if todo:
     print(f'{decoder.new_tokens} answer tokens in {decoder.decode_seconds:.0f} s '
           f'({decoder.tokens_per_second:.1f} tok/s) + {decoder.compile_seconds:.0f} s compiling')
+  if part.index:
+    return
+  for i in missing:
+    _wait_for(corpus.shard_path(shards_dir, i))
   data = corpus.load(shards_dir)
   answer_tokens = int(data['offsets'][-1] - data['prompt_lengths'].sum())
   _record(out_dir, 'answers', num_rows=len(data['prompt_lengths']), answer_tokens=answer_tokens,

@@ -8,6 +8,8 @@ skipped; other settings on the same OUT are refused.
 
   .venv/bin/python scripts/make_draft_corpus.py --stage prompts
   .venv/bin/python scripts/make_draft_corpus.py --stage answers
+  .venv/bin/python scripts/make_draft_corpus.py --stage all --part 0/2 &   # one process a core
+  .venv/bin/python scripts/make_draft_corpus.py --stage all --part 1/2
   .venv/bin/python scripts/make_draft_corpus.py --stage all --num-prompts 64 \\
       --out runs/corpus_smoke --work-dir runs/corpus_smoke_work     # a smoke run
 """
@@ -22,6 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models import cli, draft_corpus, loading  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _part(text):
+  try:
+    return draft_corpus.Part.parse(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _parse(argv=None):
@@ -53,6 +62,10 @@ def _parse(argv=None):
   p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='answer prompts are padded to a multiple of this many tokens')
   p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--part', type=_part, default=draft_corpus.Part(),
+                 help='W/N: this process is part W of N run side by side (a decode process '
+                 'keeps about one core busy, so run one a core: --part 0/2 and --part 1/2); '
+                 'each makes the shards numbered W mod N, part 0 writes the results')
   return p.parse_args(argv)
 
 
@@ -68,12 +81,12 @@ def main(argv=None):
         magpie_max_new_tokens=args.magpie_max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, seed=args.seed)
     draft_corpus.make_prompts(params, forward, tok, spec, args.out, args.work_dir,
-                              args.batch_size, config.context_length)
+                              args.batch_size, config.context_length, args.part)
   if args.stage in ('answers', 'all'):
     spec = draft_corpus.AnswerSpec(shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
                                    sampled_fraction=args.sampled_fraction, seed=args.seed)
     draft_corpus.make_answers(params, forward, tok, spec, args.out, args.batch_size, args.bucket,
-                              config.context_length)
+                              config.context_length, args.part)
 
 
 if __name__ == '__main__':

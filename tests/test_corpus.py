@@ -3,6 +3,7 @@ passages, shards and resuming (toy models and a word-level fake tokenizer; no re
 
 import gzip
 import os
+import threading
 
 import jax
 import numpy as np
@@ -209,6 +210,34 @@ def test_answers_resume_and_refuse_other_settings(tmp_path):
   assert all(np.array_equal(first[k], again[k]) for k in first)
   with pytest.raises(draft_corpus.SettingsMismatch, match='max_new_tokens'):
     _answers(params, tmp_path, draft_corpus.AnswerSpec(shard_size=4, max_new_tokens=6))
+
+
+def test_answers_made_by_two_parts_equal_one_run(tmp_path, monkeypatch):
+  monkeypatch.setattr(draft_corpus, 'POLL_SECONDS', 0.05)
+  rows = [{'id': i, 'prompt': ' '.join(['cat'] * (1 + i % 4)), 'kind': 'magpie'}
+          for i in range(10)]
+  params = toys.random_table(jax.random.key(1), 12)
+  spec = draft_corpus.AnswerSpec(shard_size=3, max_new_tokens=4)
+  made = {}
+  for name in ('alone', 'parts'):
+    os.makedirs(tmp_path / name)
+    draft_corpus.write_prompts(draft_corpus.prompts_path(tmp_path / name), rows)
+  _answers(params, tmp_path / 'alone', spec)
+  part1 = threading.Thread(target=draft_corpus.make_answers, args=(
+      params, toys.TableModel(), WordTokenizer(), spec, str(tmp_path / 'parts'), 4, 16, None,
+      draft_corpus.Part.parse('1/2')))
+  part1.start()
+  draft_corpus.make_answers(params, toys.TableModel(), WordTokenizer(), spec,
+                            str(tmp_path / 'parts'), 4, 16, None, draft_corpus.Part(0, 2))
+  part1.join()
+  for name in ('alone', 'parts'):
+    made[name] = corpus.load(os.path.join(tmp_path, name, 'answers'))
+  assert all(np.array_equal(made['alone'][k], made['parts'][k]) for k in made['alone'])
+  assert draft_corpus.Part(1, 2).owns(3) and not draft_corpus.Part(1, 2).owns(4)
+  with pytest.raises(ValueError, match='W/N'):
+    draft_corpus.Part.parse('1')
+  with pytest.raises(ValueError, match='0 <= index < count'):
+    draft_corpus.Part.parse('2/2')
 
 
 def test_magpie_prefix_and_raw_shards_resume(tmp_path, monkeypatch):
