@@ -1,5 +1,6 @@
 """The verification math against a float64 NumPy reference (Leviathan et al. 2023, Alg. 1)."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -100,6 +101,32 @@ def test_shape_errors():
   with pytest.raises(ValueError, match=r'\[B, K, V\]'):
     js.verify_exact(_rows(2), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 4)),
                     jnp.zeros((2, 4, 5)))
+
+
+def _full_sort_top_p(logits, config):
+  """The nucleus from a sort of the whole vocabulary (the reference `process_logits` keeps)."""
+  probs = js.process_logits(logits, dataclasses.replace(config, top_p=1.0))
+  sorted_desc = -jnp.sort(-probs, axis=-1)
+  mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
+  threshold = jnp.min(jnp.where(mass_before < config.top_p, sorted_desc, jnp.inf), axis=-1,
+                      keepdims=True)
+  probs = jnp.where(probs >= threshold, probs, 0.0)
+  return probs / jnp.sum(probs, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize('candidates', [1024, 8])
+def test_top_p_equals_a_full_sort_bit_for_bit(monkeypatch, candidates):
+  # Rows 0-2 peaked (their nucleus lies among the candidates), row 3 flat (it does not: the whole
+  # vocabulary is sorted), for the batch at once and for the peaked rows alone.
+  monkeypatch.setattr(js.sampling, 'TOP_P_CANDIDATES', candidates)
+  scale = jnp.array([[8.0], [5.0], [3.0], [0.01]])
+  logits = scale * jax.random.normal(jax.random.key(3), (4, 4096))
+  for config in (js.SamplingConfig(top_p=0.9), js.SamplingConfig(temperature=0.7, top_p=0.5),
+                 js.SamplingConfig(temperature=1.1, top_p=0.95, top_k=3000)):
+    for rows in (logits, logits[:3], logits[3:]):
+      got = jax.jit(lambda x: js.process_logits(x, config))(rows)
+      np.testing.assert_array_equal(got, jax.jit(lambda x: _full_sort_top_p(x, config))(rows))
+      assert 0 < int(jnp.sum(got[-1] > 0)) < 4096
 
 
 def test_sampling_processing():
