@@ -140,6 +140,6 @@ def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
     result = teacher_pass(forward, params, seqs, data['prompt_lengths'], top_k=top_k,
                           batch_size=batch_size, features_seq_len=seq_len if features else None,
                           desc=f'teacher pass, shard {i + 1}/{len(shards)}')
-    sampled = data.get('sampled', np.zeros(len(seqs), bool))
-    write(out, result, seq_len=seq_len, sampled=sampled)
+    columns = {c: data[c] for c in ('sampled', 'prompt_id') if c in data}
+    write(out, result, seq_len=seq_len, **columns)
   return outs

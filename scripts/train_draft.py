@@ -141,6 +141,13 @@ def main(argv=None):
   arrays, eval_rows, train_rows = make_arrays(tokens, idx, prob, mask, eval_rows, train_rows)
   r, num_eval = len(arrays[0]), len(eval_rows)
   train_rows = train_rows[:max(args.batch_size, int(args.train_fraction * len(train_rows)))]
+  if len(arrays[0]) == len(tokens):  # a row is still one answer (not the exit's regrouping)
+    size = dict(train_prompts=len(train_rows), train_answer_tokens=int(mask[train_rows].sum()))
+    if args.corpus:  # the prompts trained on, for scripts/eval_draft.py's train/held-out gap
+      prompt_ids = np.concatenate([np.load(path)['prompt_id'] for path in paths])
+      size['train_prompt_ids'] = [int(i) for i in prompt_ids[train_rows[:64]]]
+  else:
+    size = dict(train_answer_tokens=len(train_rows) * args.seq_len)
 
   warmup = min(args.warmup, args.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(args.steps, warmup + 1),
@@ -193,7 +200,7 @@ def main(argv=None):
               seed=args.seed, data=args.data, corpus=args.corpus, rows=r, train_rows=len(train_rows),
               coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
-              train_seconds=round(time.time() - t0))
+              train_seconds=round(time.time() - t0), **size)
   info.update(recipe_info)
   registry.save_draft(args.out, args.kind, draft, trainable, vocab_ids, info=info)
   print(f'eval loss {eval_loss:.3f}, top-1 agreement {eval_agree:.3f}; saved {args.out} '
