@@ -27,8 +27,10 @@ Shape letters: B batch, T tokens, D width, F adapter MLP width, V vocabulary, W 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -226,6 +228,67 @@ class EagleDraftForward:
 
   def init_cache(self, batch_size: int, buffer_len: int):
     return llama.init_cache(self.config, batch_size, buffer_len)
+
+
+def eagle_training_passes(fwd: EagleDraftForward, params, tokens_BT, features_BTD,
+                          num_passes: int) -> list[jax.Array]:
+  """EAGLE-3's training-time test (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of
+  Large Language Models via Training-Time Test", Sec. 3.2): the draft's predictions as drafting
+  steps 1..`num_passes` of a round make them, for every position at once.
+
+  Pass 1 is the forward over the target's features (`features_BTD [B,T,D]`, the target's
+  feature of each position; position t reads that of t-1). Pass j > 1 at position t reads pass
+  j-1's predicted feature of position t-1 and attends as drafting step j of a round that began
+  at t-j+1 does: to pass 1's keys and values up to t-j+1 (the cache the target's features
+  filled) and to pass i's at position t-j+i for i = 2..j (the draft's own earlier steps).
+  Rows start at position 0, with no cache. Returns the predicted features of each pass, a list
+  of `[B,T,D]` float32.
+  """
+  c = fwd.config
+  p = params['block']
+  b, t = tokens_BT.shape
+  dense = functools.partial(nn.DenseGeneral, dtype=jnp.float32, param_dtype=jnp.float32,
+                            dot_general=jax.lax.dot_general)
+  norm = lambda name, x: llama.RMSNorm(c.norm_eps, jnp.float32).apply({'params': p[name]}, x)
+  proj = lambda name, heads, x: dense((heads, c.head_dim), use_bias=c.qkv_bias).apply(
+      {'params': p['attn'][name]}, x)
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  scaling = None
+  if c.rope_scaling_factor != 1.0:
+    scaling = (c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+               c.rope_original_context)
+  g = c.num_heads // c.num_kv_heads
+  distance = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # query t minus key position
+  embed = jnp.take(params['embed'], tokens_BT, axis=0).astype(jnp.float32)
+  prev = jnp.pad(features_BTD.astype(jnp.float32), ((0, 0), (1, 0), (0, 0)))[:, :t]
+  keys, values, preds = [], [], []
+  for j in range(1, num_passes + 1):
+    x = jnp.concatenate([embed, prev], -1) @ params['fc'] + params['fc_bias']
+    h = norm('attn_norm', x)
+    q, k, v = (proj('q', c.num_heads, h), proj('k', c.num_kv_heads, h),
+               proj('v', c.num_kv_heads, h))
+    if c.qk_norm:
+      q = llama.RMSNorm(c.norm_eps, jnp.float32).apply({'params': p['attn']['q_norm']}, q)
+      k = llama.RMSNorm(c.norm_eps, jnp.float32).apply({'params': p['attn']['k_norm']}, k)
+    q = llama.rope(q, positions, c.rope_theta, scaling).reshape(b, t, c.num_kv_heads, g,
+                                                                c.head_dim)
+    keys.append(llama.rope(k, positions, c.rope_theta, scaling))
+    values.append(v)
+    # Key position p of query t comes from pass max(1, j - (t - p)); later positions are hidden.
+    source = jnp.maximum(1, j - distance)
+    masks = [(distance >= 0) & (source == i) for i in range(1, j + 1)]
+    scores = sum(jnp.where(m, jnp.einsum('BTMGH,BSMH->BMGTS', q, kk), 0.0)
+                 for m, kk in zip(masks, keys)) * c.head_dim ** -0.5
+    probs = jax.nn.softmax(jnp.where(distance >= 0, scores, -jnp.inf), axis=-1)
+    out = sum(jnp.einsum('BMGTS,BSMH->BTMGH', jnp.where(m, probs, 0.0), vv)
+              for m, vv in zip(masks, values)).reshape(b, t, c.num_heads, c.head_dim)
+    x = x + dense(c.embed_dim, axis=(-2, -1), use_bias=False).apply({'params': p['attn']['o']},
+                                                                    out)
+    x = x + llama.MLP(dataclasses.replace(c, cpu_kernel=False, dtype='float32')).apply(
+        {'params': p['mlp']}, norm('mlp_norm', x))
+    preds.append(_rms_norm(x, params['norm'], fwd.target_config.norm_eps))
+    prev = jnp.pad(preds[-1], ((0, 0), (1, 0), (0, 0)))[:, :t]
+  return preds
 
 
 def target_head_rows(target_config, target_params, vocab_ids) -> jax.Array:

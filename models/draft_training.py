@@ -148,8 +148,10 @@ def exit_recipe(opts: RecipeOptions, config, params, vocab_ids, key) -> Recipe:
 
 def eagle_recipe(opts: RecipeOptions, config, params, vocab_ids, key) -> Recipe:
   """EAGLE: KL plus a smooth-L1 regression of the predicted features onto the target's (Li et
-  al. 2024, Sec. 4), optional uniform input-feature noise, and with `unroll` 2 a second pass that
-  reads its own predicted features. The target's features are cached next to each data file.
+  al. 2024, Sec. 4), optional uniform input-feature noise, and with `unroll` J the training-time
+  test of EAGLE-3 (Li et al. 2025, Sec. 3.2): passes 2..J are drafting steps 2..J, each reading
+  the pass before's predicted features and attending as that step does
+  (`draft_heads.eagle_training_passes`); the loss sums over the passes. The target's features are cached next to each data file.
   Raises ValueError unless `source_layers` names exactly one block."""
   if len(opts.source_layers) != 1:
     raise ValueError(f'an EAGLE draft starts from one target block; --source-layers gave '
@@ -184,23 +186,19 @@ def eagle_recipe(opts: RecipeOptions, config, params, vocab_ids, key) -> Recipe:
     return (tokens, np.concatenate(feats), idx, prob, mask), eval_rows, train_rows
 
   def loss_fn(tr, tokens, feats, idx, prob, mask, noise_key=None):
-    b, t = tokens.shape
     feats = feats.astype(jnp.float32)
-    prev = jnp.pad(feats, ((0, 0), (1, 0), (0, 0)))[:, :t]
+    inputs = feats
     if noise_key is not None and opts.feature_noise > 0:
-      prev = prev + jax.random.uniform(noise_key, prev.shape, jnp.float32,
-                                       -opts.feature_noise, opts.feature_noise)
+      inputs = feats + jax.random.uniform(noise_key, feats.shape, jnp.float32,
+                                          -opts.feature_noise, opts.feature_noise)
     p = {**frozen, **tr}
     losses, agreements = [], []
-    for _ in range(opts.unroll):
-      pred, _ = fwd(p, tokens, prev, fwd.init_cache(b, t), jnp.zeros((b,), jnp.int32))
+    # Pass j is drafting step j (EAGLE-3's training-time test, draft_heads.eagle_training_passes).
+    for pred in draft_heads.eagle_training_passes(fwd, p, tokens, inputs, opts.unroll):
       kl, agree = draft_heads.distill_loss(fwd.reduced_logits(p, pred), idx, prob, mask)
       reg = jnp.sum(optax.huber_loss(pred, feats).mean(-1) * mask) / jnp.maximum(mask.sum(), 1)
       losses.append(kl + opts.feature_weight * reg)
       agreements.append(agree)
-      # Next pass: every position reads the draft's own prediction for the position before,
-      # as drafting steps 2..K do (a simple form of EAGLE-3's training-time test).
-      prev = jax.lax.stop_gradient(jnp.pad(pred, ((0, 0), (1, 0), (0, 0)))[:, :t])
     return sum(losses), agreements[0]  # agreement of the first pass: the first draft token
 
   info = dict(feature_weight=opts.feature_weight, feature_noise=opts.feature_noise,

@@ -10,7 +10,7 @@ The loss at each generated position is the cross-entropy of the draft's distribu
 reduced vocabulary against the teacher's top-k distribution renormalized over that vocabulary,
 i.e. forward KL(p || q) up to a constant; EAGLE adds a smooth-L1 regression of the predicted
 features onto the target's (Li et al. 2024, Sec. 4), optional uniform input-feature noise, and
-with `--unroll 2` a second pass that reads its own predicted features. Progress is shown with
+with `--unroll J` EAGLE-3's training-time test (passes 2..J are drafting steps 2..J). Progress is shown with
 tqdm; an orbax checkpoint (params, optimizer state) is written every `--save-every` steps to
 `--ckpt-dir`, and a rerun resumes from the latest one; data order and init follow `--seed`. The
 result is written with `models.registry.save_draft` to `--out`. Each kind's config, init and
@@ -80,7 +80,7 @@ def _parse(argv=None):
   p.add_argument('--feature-noise', type=cli.nonnegative_float, default=0.0,
                  help='eagle: uniform noise +-this added to input features while training')
   p.add_argument('--unroll', type=cli.positive_int, default=1,
-                 help='eagle: passes per step; pass n>1 reads the draft\'s own predicted features')
+                 help='eagle: passes per step (EAGLE-3 training-time test): pass j is drafting step j')
   p.add_argument('--draft-vocab-size', type=cli.positive_int, default=8192,
                  help='draft vocabulary W')
   p.add_argument('--save-every', type=cli.positive_int, default=100)

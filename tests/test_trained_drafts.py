@@ -179,3 +179,35 @@ def test_eagle_save_load_round_trip(tmp_path):
   np.testing.assert_allclose(np.asarray(draft.forward.logits(loaded, a)),
                              np.asarray(draft.forward.logits(draft_params, b)),
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('qk_norm', [False, True])
+def test_eagle_training_passes_equal_drafting_steps(qk_norm):
+  # Pass j at position t must be what drafting step j of a round begun at s = t-j+1 computes:
+  # the inference forward over positions 0..s with the target's features (its cache), then
+  # steps 2..j one token each, each reading the step before's predicted feature.
+  config = llama.LlamaConfig.tiny(qk_norm=qk_norm, cpu_kernel=False)
+  params = llama.init_params(config, jax.random.key(0))
+  vocab_ids = np.arange(config.vocab_size // 2)
+  eagle_cfg = draft_heads.EagleDraftConfig(source_layer=1, draft_vocab_size=len(vocab_ids))
+  fwd = draft_heads.EagleDraftForward(config, eagle_cfg)
+  p = {'embed': params['embed']['embedding'], 'vocab_ids': jnp.asarray(vocab_ids),
+       'head': draft_heads.target_head_rows(config, params, vocab_ids),
+       **draft_heads.init_eagle_draft(config, params, eagle_cfg, jax.random.key(4))}
+  b, t, passes = 2, 12, 3
+  tokens = jax.random.randint(jax.random.key(1), (b, t), 0, config.vocab_size)
+  feats = jax.random.normal(jax.random.key(2), (b, t, config.embed_dim))
+  preds = draft_heads.eagle_training_passes(fwd, p, tokens, feats, passes)
+  prev = jnp.pad(feats, ((0, 0), (1, 0), (0, 0)))[:, :t]
+  for s in (0, 4, 8):
+    x, cache = fwd(p, tokens[:, :s + 1], prev[:, :s + 1], fwd.init_cache(b, t), jnp.zeros(b, int))
+    np.testing.assert_allclose(preds[0][:, :s + 1], x, atol=2e-5)
+    step = x[:, -1:]
+    for j in range(2, passes + 1):
+      pos = s + j - 1
+      step, cache = fwd(p, tokens[:, pos:pos + 1], step, cache, jnp.full(b, pos))
+      np.testing.assert_allclose(preds[j - 1][:, pos], step[:, 0], atol=2e-5, err_msg=f's={s} j={j}')
+      # ...and not what a pass fed its own features everywhere gives (the mask matters).
+  naive = fwd(p, tokens, jnp.pad(preds[0], ((0, 0), (1, 0), (0, 0)))[:, :t], fwd.init_cache(b, t),
+              jnp.zeros(b, int))[0]
+  assert np.abs(np.asarray(naive - preds[1])[:, 3:]).max() > 1e-3
