@@ -115,11 +115,12 @@ def write(path: str, arrays: dict, seq_len: int | None = None, **columns) -> Non
 
 
 def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
-               features: bool, top_k: int = 16, batch_size: int = 8) -> list[str]:
+               features: bool, top_k: int = 16, batch_size: int = 8, part=None) -> list[str]:
   """The teacher pass of every answer shard of a draft corpus (`models.corpus`; `corpus_dir` is
   the corpus, with its shards in `answers/`, or a folder of shards), each written to `out_dir`
   under the shard's name and skipped when already there (with its features when `features`), so
-  an interrupted run resumes. Returns the data files, in shard order.
+  an interrupted run resumes. With `part` (`models.draft_corpus.Part`) only the shards it owns
+  are made here (processes side by side). Returns the data files of all shards, in shard order.
 
   Raises:
     FileNotFoundError: the corpus has no shards.
@@ -133,6 +134,8 @@ def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
     out = os.path.join(out_dir, os.path.basename(shard))
     outs.append(out)
     if os.path.isfile(out) and (not features or os.path.isfile(features_path(out, seq_len))):
+      continue
+    if part is not None and not part.owns(i):
       continue
     data = corpus.read_shard(shard)
     tokens, offsets = data['tokens'].astype(np.int32), data['offsets']

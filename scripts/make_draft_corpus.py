@@ -10,6 +10,8 @@ skipped; other settings on the same OUT are refused.
   .venv/bin/python scripts/make_draft_corpus.py --stage answers
   .venv/bin/python scripts/make_draft_corpus.py --stage all --part 0/2 &   # one process a core
   .venv/bin/python scripts/make_draft_corpus.py --stage all --part 1/2
+  .venv/bin/python scripts/make_draft_corpus.py --stage teacher --part 0/2 &  # before training
+  .venv/bin/python scripts/make_draft_corpus.py --stage teacher --part 1/2
   .venv/bin/python scripts/make_draft_corpus.py --stage all --num-prompts 64 \\
       --out runs/corpus_smoke --work-dir runs/corpus_smoke_work     # a smoke run
 """
@@ -21,7 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models import cli, draft_corpus, loading  # pylint: disable=g-import-not-at-top
+from models import cli, draft_corpus, loading, teacher_pass  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +38,10 @@ def _part(text):
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   prompts, answers = draft_corpus.PromptSpec(), draft_corpus.AnswerSpec()
-  p.add_argument('--stage', choices=('prompts', 'answers', 'all'), default='all')
+  p.add_argument('--stage', choices=('prompts', 'answers', 'all', 'teacher'), default='all',
+                 help='teacher: the teacher pass of train_draft.py --corpus ahead of training '
+                 '(top-k log-probs and features of every answer shard, into --teacher-dir; '
+                 'local, not committed), so that N processes (--part) can share it')
   cli.add_model_flags(p)
   p.add_argument('--out', default=os.path.join(ROOT, 'data', 'draft_corpus'),
                  help='corpus directory: prompts.jsonl.gz, answers/, manifest.json')
@@ -62,6 +67,11 @@ def _parse(argv=None):
   p.add_argument('--bucket', type=cli.positive_int, default=64,
                  help='answer prompts are padded to a multiple of this many tokens')
   p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--teacher-dir', default='runs/teacher',
+                 help='teacher: as train_draft.py --teacher-dir (files go to DIR/<corpus name>)')
+  p.add_argument('--seq-len', type=cli.positive_int, default=256,
+                 help='teacher: as train_draft.py --seq-len (the features\' layout)')
+  p.add_argument('--teacher-top-k', type=cli.positive_int, default=16)
   p.add_argument('--part', type=_part, default=draft_corpus.Part(),
                  help='W/N: this process is part W of N run side by side (a decode process '
                  'keeps about one core busy, so run one a core: --part 0/2 and --part 1/2); '
@@ -87,6 +97,11 @@ def main(argv=None):
                                    sampled_fraction=args.sampled_fraction, seed=args.seed)
     draft_corpus.make_answers(params, forward, tok, spec, args.out, args.batch_size, args.bucket,
                               config.context_length, args.part)
+  if args.stage == 'teacher':
+    teacher_pass.for_corpus(
+        forward, params, args.out,
+        os.path.join(args.teacher_dir, os.path.basename(os.path.normpath(args.out))),
+        seq_len=args.seq_len, features=True, top_k=args.teacher_top_k, part=args.part)
 
 
 if __name__ == '__main__':

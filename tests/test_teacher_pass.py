@@ -2,6 +2,8 @@
 sequence, batched by length, equal the target run on that sequence alone, and they land where
 `models.draft_training.load_rows` and the EAGLE recipe read them."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +63,21 @@ def test_load_rows_and_features_line_up(result, tmp_path):
 def test_rejects_bad_prompt_lengths():
   with pytest.raises(ValueError, match='prompt'):
     teacher_pass.teacher_pass(TARGET, PARAMS, SEQS[:2], [0, 3])
+
+
+def test_for_corpus_parts_make_their_shards_and_keep_prompt_ids(tmp_path):
+  from models import corpus, draft_corpus  # pylint: disable=g-import-not-at-top
+  shards = tmp_path / 'corpus' / 'answers'
+  for i in range(3):
+    corpus.write_shard(corpus.shard_path(shards, i), SEQS[2 * i:2 * i + 2], PLENS[2 * i:2 * i + 2],
+                       prompt_id=np.array([2 * i, 2 * i + 1], np.int32))
+  out = tmp_path / 'teacher'
+  run = lambda part: teacher_pass.for_corpus(TARGET, PARAMS, str(tmp_path / 'corpus'), str(out),
+                                             seq_len=T, features=False, top_k=K, part=part)
+  paths = run(draft_corpus.Part(1, 2))
+  assert [os.path.exists(p) for p in paths] == [False, True, False]
+  run(draft_corpus.Part(0, 2))
+  assert all(os.path.exists(p) for p in paths)
+  assert np.load(paths[2])['prompt_id'].tolist() == [4, 5]
+  alone = teacher_pass.teacher_pass(TARGET, PARAMS, SEQS[2:4], PLENS[2:4], top_k=K)
+  np.testing.assert_array_equal(np.load(paths[1])['teacher_ids'], alone['teacher_ids'])
