@@ -9,10 +9,11 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jaxspec as js
-from models import draft_training, llama, loading, registry
+from models import draft_heads, draft_training, llama, loading, registry
 
 SEQ_LEN, TOP_K = 16, 4
 
@@ -49,6 +50,24 @@ def test_recipe_save_load_export(name, tmp_path):
                                             np.arange(3, 6))
   loss, agree = recipe.loss_fn(recipe.trainable, *(jnp.asarray(a[eval_rows[:2]]) for a in arrays))
   assert np.isfinite(float(loss)) and 0 <= float(agree) <= 1
+  if name == 'eagle':  # the losses at the selected positions only = over every position, masked
+    rows = eval_rows[:2]
+    p = {**recipe.trainable, 'embed': params['embed']['embedding'],
+         'head': draft_heads.target_head_rows(config, params, vocab_ids)}
+    fwd = draft_heads.EagleDraftForward(config, recipe.draft_config)
+    t, f = jnp.asarray(tokens[rows]), jnp.asarray(arrays[1][rows], jnp.float32)
+    i, pr, m = (jnp.asarray(a[rows]) for a in (idx, prob, mask))
+    full = 0.0
+    for pred in draft_heads.eagle_training_passes(fwd, p, t, f, 3):
+      kl, _ = draft_heads.distill_loss(fwd.reduced_logits(p, pred), i, pr, m)
+      reg = jnp.sum(optax.huber_loss(pred, f).mean(-1) * m) / m.sum()
+      full = full + kl + reg
+    np.testing.assert_allclose(float(loss), float(full), rtol=1e-5)
+    mask_RT = np.zeros((2, 32), np.float32)
+    mask_RT[0, 3:8], mask_RT[1, 20:22] = 1, 1
+    sel, (m_sel,) = draft_training.loss_positions(mask_RT, mask_RT)
+    assert sel.shape == (2, 8) and sel[0, :5].tolist() == [3, 4, 5, 6, 7]
+    assert m_sel.sum(1).tolist() == [5, 2] and sel[1, :2].tolist() == [20, 21]
 
   directory = str(tmp_path / name)
   registry.save_draft(directory, name, recipe.draft_config, recipe.trainable, vocab_ids,
