@@ -280,12 +280,13 @@ def make_prompts(params, forward, tok, spec: PromptSpec, out_dir: str, work_dir:
   order = np.random.default_rng([spec.seed, 3]).permutation(len(rows))
   rows = [{'id': i, **rows[j]} for i, j in enumerate(order)]
   prompt_files.check_not_evaluation(rows, prompts_path(out_dir))
-  write_prompts(prompts_path(out_dir), rows)
   makeup = collections.Counter(r['kind'] if r['kind'] == 'magpie' else
                                f"grounded/{r['source']}" for r in rows)
   _record(out_dir, 'prompts', num_prompts=len(rows), makeup=dict(makeup),
           magpie_raw_rows=sum(magpie_reasons.values()), magpie_filter=magpie_reasons,
           tasks=dict(collections.Counter(r['task'] for r in rows if r['kind'] == 'grounded')))
+  # The prompts file last: the other parts wait for it before they touch the manifest.
+  write_prompts(prompts_path(out_dir), rows)
   print(f'{len(rows)} prompts -> {prompts_path(out_dir)}: {dict(makeup)}; Magpie filter '
         f'{magpie_reasons}')
   if decoder.new_tokens:
@@ -327,9 +328,9 @@ def make_answers(params, forward, tok, spec: AnswerSpec, out_dir: str, batch_siz
                  part: Part = Part()) -> None:
   """Stage `answers` (module docstring): writes the shards still missing (of them, those
   `part` owns; part 0 then waits for the rest and records the stage's facts)."""
-  _check_manifest(out_dir, 'answers', spec)
   if part.index:
-    _wait_for(prompts_path(out_dir))  # part 0 writes it
+    _wait_for(prompts_path(out_dir))  # part 0 writes it, after its facts in the manifest
+  _check_manifest(out_dir, 'answers', spec)
   rows = read_prompts(out_dir)
   prompt_files.check_not_evaluation(rows, prompts_path(out_dir))
   for r in rows:
