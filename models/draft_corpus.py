@@ -341,13 +341,13 @@ def make_answers(params, forward, tok, spec: AnswerSpec, out_dir: str, batch_siz
   missing = corpus.missing_shards(shards_dir, num_shards)
   todo = [i for i in missing if part.owns(i)]
   shard_rows = lambda i: np.arange(i * spec.shard_size, min(len(rows), (i + 1) * spec.shard_size))
-  done_rows = len(rows) - sum(len(shard_rows(i)) for i in todo)
   print(f'{num_shards - len(missing)} of {num_shards} answer shards exist; {len(todo)} to make '
         f'(part {part.index}/{part.count})')
   decoder = batched_decode.Decoder(params, forward, batch_size=batch_size, bucket=bucket,
                                    eos_id=tok.chat_eos_id, pad_id=tok.pad_id,
                                    context_length=context_length)
-  bar = tqdm(total=len(rows), initial=done_rows, desc='answers', unit='prompt')
+  bar = tqdm(total=sum(len(shard_rows(i)) for i in todo), unit='prompt',
+             desc='answers' + (f' (part {part.index}/{part.count})' if part.count > 1 else ''))
   for index in todo:
     answer_shard(decoder, rows, shard_rows(index), sampled, seeds, spec,
                  corpus.shard_path(shards_dir, index), bar)
