@@ -43,20 +43,19 @@ def train_prompts(info: dict, num: int) -> list[dict]:
   return [rows[i] for i in ids[:num]]
 
 
-def measure(params, config, tok, draft_spec: str, sets: dict[str, list[str]], *,
+def measure(params, config, tok, draft, draft_params, sets: dict[str, list[str]], *,
             num_draft_tokens: int, temperature: float, max_new_tokens: int, seed: int = 0,
             bucket: int = 64) -> dict[str, dict]:
   """Decodes every prompt of `sets` ({name: texts}; chat template applied) in one batch with the
-  draft at K = `num_draft_tokens`, row r seeded `seed + r`.
+  draft (and its params, as `loading.load_draft` gives them) at K = `num_draft_tokens`, row r
+  seeded `seed + r`.
 
   Returns:
     {name: `jaxspec.summarize` of that set's rows (acceptance_rate, position_acceptance [K],
     mean_accepted_length, ...)}, and under 'dev' the sets named 'dev ...' together.
   Raises:
-    ValueError: a bad draft spec (`loading.load_draft`).
     FloatingPointError: the decode met non-finite logits (reported, not turned into tokens).
   """
-  draft, draft_params = loading.load_draft(draft_spec, config, params)
   names = [n for n, texts in sets.items() for _ in texts]
   ids = [tok.encode_chat(p) for texts in sets.values() for p in texts]
   tokens, lengths = js.pad_prompts(ids, pad_id=tok.pad_id, bucket=bucket)
@@ -68,7 +67,7 @@ def measure(params, config, tok, draft_spec: str, sets: dict[str, list[str]], *,
   out = js.generate(params, draft_params, tokens, lengths, keys,
                     target=loading.forward_for(config), draft=draft, config=dc)
   if 'nonfinite' in out.finish_reasons():
-    raise FloatingPointError(f'{draft_spec}: non-finite logits while decoding')
+    raise FloatingPointError('non-finite logits while decoding')
   metrics = jax.tree.map(np.asarray, out.metrics)
   rows = lambda name: np.array([i for i, n in enumerate(names) if n == name])
   result = {name: js.summarize(jax.tree.map(lambda a, r=rows(name): a[r], metrics))

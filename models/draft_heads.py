@@ -253,10 +253,7 @@ def eagle_training_passes(fwd: EagleDraftForward, params, tokens_BT, features_BT
   proj = lambda name, heads, x: dense((heads, c.head_dim), use_bias=c.qkv_bias).apply(
       {'params': p['attn'][name]}, x)
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  scaling = None
-  if c.rope_scaling_factor != 1.0:
-    scaling = (c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
-               c.rope_original_context)
+  scaling = llama.rope_scaling(c)
   g = c.num_heads // c.num_kv_heads
   distance = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # query t minus key position
   embed = jnp.take(params['embed'], tokens_BT, axis=0).astype(jnp.float32)

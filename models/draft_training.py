@@ -164,7 +164,8 @@ def eagle_recipe(opts: RecipeOptions, config, params, vocab_ids, key) -> Recipe:
   al. 2024, Sec. 4), optional uniform input-feature noise, and with `unroll` J the training-time
   test of EAGLE-3 (Li et al. 2025, Sec. 3.2): passes 2..J are drafting steps 2..J, each reading
   the pass before's predicted features and attending as that step does
-  (`draft_heads.eagle_training_passes`); the loss sums over the passes. The target's features are cached next to each data file.
+  (`draft_heads.eagle_training_passes`); the loss sums over the passes. The target's features
+  are cached next to each data file.
   Raises ValueError unless `source_layers` names exactly one block."""
   if len(opts.source_layers) != 1:
     raise ValueError(f'an EAGLE draft starts from one target block; --source-layers gave '

@@ -143,6 +143,15 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float,
   return out.astype(x_BTNH.dtype)
 
 
+def rope_scaling(config: LlamaConfig):
+  """`rope`'s `scaling` argument for `config`: None, or Llama 3's (factor, low, high, original
+  context)."""
+  if config.rope_scaling_factor == 1.0:
+    return None
+  return (config.rope_scaling_factor, config.rope_low_freq_factor, config.rope_high_freq_factor,
+          config.rope_original_context)
+
+
 def _write_rows(cache_BSMH, new_BTMH, start_B):
   """Writes each row's new entries at its own start position (fixed shapes, in place)."""
   return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice_in_dim(c, u, s, axis=0))(
@@ -192,10 +201,7 @@ class Attention(nn.Module):
     if c.qk_norm:
       q = RMSNorm(c.norm_eps, dt, c.invariant, name='q_norm')(q)
       k = RMSNorm(c.norm_eps, dt, c.invariant, name='k_norm')(k)
-    scaling = None
-    if c.rope_scaling_factor != 1.0:
-      scaling = (c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
-                 c.rope_original_context)
+    scaling = rope_scaling(c)
     q = rope(q, positions_BT, c.rope_theta, scaling)
     k = rope(k, positions_BT, c.rope_theta, scaling)
     start_B = positions_BT[:, 0]

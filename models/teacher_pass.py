@@ -114,6 +114,11 @@ def write(path: str, arrays: dict, seq_len: int | None = None, **columns) -> Non
   os.replace(tmp, path)
 
 
+def corpus_cache_dir(teacher_dir: str, corpus_dir: str) -> str:
+  """Where `for_corpus` keeps a corpus's teacher files: `teacher_dir/<corpus folder name>`."""
+  return os.path.join(teacher_dir, os.path.basename(os.path.normpath(corpus_dir)))
+
+
 def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
                features: bool, top_k: int = 16, batch_size: int = 8, part=None) -> list[str]:
   """The teacher pass of every answer shard of a draft corpus (`models.corpus`; `corpus_dir` is

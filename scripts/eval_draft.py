@@ -55,11 +55,15 @@ def main(argv=None):
     sets = draft_eval.prompt_sets(args.prompt_kinds, args.num_prompts, info,
                                   args.num_train_prompts)
     size = {k: info[k] for k in ('train_prompts', 'train_answer_tokens') if k in info}
+    draft, draft_params = loading.load_draft(spec, config, params)
     for temperature in args.temperatures:
       for k in args.num_draft_tokens:
-        measured = draft_eval.measure(params, config, tok, spec, sets, num_draft_tokens=k,
-                                      temperature=temperature,
-                                      max_new_tokens=args.max_new_tokens, seed=args.seed)
+        try:
+          measured = draft_eval.measure(params, config, tok, draft, draft_params, sets,
+                                        num_draft_tokens=k, temperature=temperature,
+                                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+        except FloatingPointError as e:
+          raise FloatingPointError(f'{spec} T={temperature:g} K={k}: {e}') from None
         for name, summary in measured.items():
           rows = len(sets[name]) if name in sets else sum(
               len(v) for n, v in sets.items() if n.startswith('dev '))

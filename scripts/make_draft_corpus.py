@@ -28,13 +28,6 @@ from models import cli, draft_corpus, loading, teacher_pass  # pylint: disable=g
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _part(text):
-  try:
-    return draft_corpus.Part.parse(text)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   prompts, answers = draft_corpus.PromptSpec(), draft_corpus.AnswerSpec()
@@ -72,7 +65,7 @@ def _parse(argv=None):
   p.add_argument('--seq-len', type=cli.positive_int, default=256,
                  help='teacher: as train_draft.py --seq-len (the features\' layout)')
   p.add_argument('--teacher-top-k', type=cli.positive_int, default=16)
-  p.add_argument('--part', type=_part, default=draft_corpus.Part(),
+  p.add_argument('--part', type=cli.parsed_by(draft_corpus.Part.parse), default=draft_corpus.Part(),
                  help='W/N: this process is part W of N run side by side (a decode process '
                  'keeps about one core busy, so run one a core: --part 0/2 and --part 1/2); '
                  'each makes the shards numbered W mod N, part 0 writes the results')
@@ -98,10 +91,10 @@ def main(argv=None):
     draft_corpus.make_answers(params, forward, tok, spec, args.out, args.batch_size, args.bucket,
                               config.context_length, args.part)
   if args.stage == 'teacher':
-    teacher_pass.for_corpus(
-        forward, params, args.out,
-        os.path.join(args.teacher_dir, os.path.basename(os.path.normpath(args.out))),
-        seq_len=args.seq_len, features=True, top_k=args.teacher_top_k, part=args.part)
+    teacher_pass.for_corpus(forward, params, args.out,
+                            teacher_pass.corpus_cache_dir(args.teacher_dir, args.out),
+                            seq_len=args.seq_len, features=True, top_k=args.teacher_top_k,
+                            part=args.part)
 
 
 if __name__ == '__main__':

@@ -115,7 +115,7 @@ def main(argv=None):
   config, params, _ = loading.load_model(args.model)
   paths = args.data or [path for directory in args.corpus for path in teacher_pass.for_corpus(
       loading.forward_for(config), params, directory,
-      os.path.join(args.teacher_dir, os.path.basename(os.path.normpath(directory))),
+      teacher_pass.corpus_cache_dir(args.teacher_dir, directory),
       seq_len=args.seq_len, features=args.kind == 'eagle', top_k=args.teacher_top_k)]
   counts = sum(draft_training.token_counts(path, config.vocab_size) for path in paths)
   vocab_ids = draft_heads.frequent_vocab(counts, args.draft_vocab_size, always=(2,))

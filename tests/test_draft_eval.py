@@ -25,12 +25,10 @@ class CharTokenizer:
 
 
 def _measure(monkeypatch, draft_params, sets, k=3):
-  monkeypatch.setattr(draft_eval.loading, 'load_draft',
-                      lambda spec, config, params: (js.ModelDraft(TARGET), draft_params))
   monkeypatch.setattr(draft_eval.loading, 'forward_for', lambda config: TARGET)
   config = types.SimpleNamespace(context_length=None)
-  return draft_eval.measure(PARAMS, config, CharTokenizer(), 'toy', sets, num_draft_tokens=k,
-                            temperature=0.0, max_new_tokens=12)
+  return draft_eval.measure(PARAMS, config, CharTokenizer(), js.ModelDraft(TARGET), draft_params,
+                            sets, num_draft_tokens=k, temperature=0.0, max_new_tokens=12)
 
 
 def test_a_perfect_draft_is_always_accepted(monkeypatch):
