@@ -115,6 +115,18 @@ def parsed_by(parse, keep_text: bool = False):
   return check
 
 
+def shard_range(text: str) -> range:
+  """'A:B' -> range(A, B), shards A..B-1 (either side may be left out: 'A:', ':B')."""
+  try:
+    start, stop = text.split(':')
+    r = range(int(start) if start else 0, int(stop) if stop else 1 << 30)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'want A:B (shards A..B-1), got {text!r}') from None
+  if r.start < 0 or r.stop <= r.start:
+    raise argparse.ArgumentTypeError(f'want 0 <= A < B, got {text!r}')
+  return r
+
+
 def _parse_mesh_spec(text: str):
   from jaxspec import sharding  # pylint: disable=g-import-not-at-top
   return sharding.parse_mesh_spec(text)

@@ -143,17 +143,25 @@ def read_meta(directory: str) -> dict:
     return json.load(f)
 
 
-def _load(directory, target_config, target_params):
-  """(kind, forward, params) of a saved draft."""
+def read_trainable(directory: str):
+  """`(draft.json as a dict, trainable params (float32 pytree), vocab_ids [W] int32)` of a draft
+  saved by `save_draft`, e.g. to continue training it. Raises FileNotFoundError / ValueError
+  (unknown kind) with the reason."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   meta = read_meta(directory)
   try:
-    k = kind(meta['kind'])
+    kind(meta['kind'])
   except ValueError as e:
     raise ValueError(f'{directory}: {e}') from None
   flat = load_file(os.path.join(directory, 'draft.safetensors'))
-  vocab_ids = jnp.asarray(flat.pop('vocab_ids'))
-  trainable = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _unflatten(flat))
+  vocab_ids = flat.pop('vocab_ids').astype(np.int32)
+  return meta, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _unflatten(flat)), vocab_ids
+
+
+def _load(directory, target_config, target_params):
+  """(kind, forward, params) of a saved draft."""
+  meta, trainable, vocab_ids = read_trainable(directory)
+  k, vocab_ids = kind(meta['kind']), jnp.asarray(vocab_ids)
   cfg = {n: tuple(v) if isinstance(v, list) else v for n, v in meta['config'].items()}
   forward = k.forward(target_config, k.config(**cfg))
   return k, forward, k.assemble(target_config, target_params, trainable, vocab_ids)

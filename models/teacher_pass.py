@@ -120,22 +120,29 @@ def corpus_cache_dir(teacher_dir: str, corpus_dir: str) -> str:
 
 
 def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
-               features: bool, top_k: int = 16, batch_size: int = 8, part=None) -> list[str]:
+               features: bool, top_k: int = 16, batch_size: int = 8, part=None,
+               shards: range | None = None) -> list[str]:
   """The teacher pass of every answer shard of a draft corpus (`models.corpus`; `corpus_dir` is
   the corpus, with its shards in `answers/`, or a folder of shards), each written to `out_dir`
   under the shard's name and skipped when already there (with its features when `features`), so
-  an interrupted run resumes. With `part` (`models.draft_corpus.Part`) only the shards it owns
-  are made here (processes side by side). Returns the data files of all shards, in shard order.
+  an interrupted run resumes. With `shards` only the shards numbered in that range are taken
+  (a training run over a slice of the corpus); with `part` (`models.draft_corpus.Part`) only
+  those it owns are made here (processes side by side). Returns the data files of the shards
+  taken, in shard order.
 
   Raises:
-    FileNotFoundError: the corpus has no shards.
+    FileNotFoundError: the corpus has no shards, or none in `shards`.
   """
   answers = os.path.join(corpus_dir, 'answers')
-  shards = corpus.shard_paths(answers if os.path.isdir(answers) else corpus_dir)
-  if not shards:
+  paths = corpus.shard_paths(answers if os.path.isdir(answers) else corpus_dir)
+  if not paths:
     raise FileNotFoundError(f'no corpus shards in {corpus_dir} (scripts/make_draft_corpus.py)')
+  taken = [(i, s) for i, s in enumerate(paths) if shards is None or i in shards]
+  if not taken:
+    raise FileNotFoundError(f'none of the {len(paths)} shards of {corpus_dir} is in shards '
+                            f'{shards.start}:{shards.stop}')
   outs = []
-  for i, shard in enumerate(shards):
+  for i, shard in taken:
     out = os.path.join(out_dir, os.path.basename(shard))
     outs.append(out)
     if os.path.isfile(out) and (not features or os.path.isfile(features_path(out, seq_len))):
@@ -147,7 +154,7 @@ def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
     seqs = [tokens[offsets[r]:offsets[r + 1]] for r in range(len(offsets) - 1)]
     result = teacher_pass(forward, params, seqs, data['prompt_lengths'], top_k=top_k,
                           batch_size=batch_size, features_seq_len=seq_len if features else None,
-                          desc=f'teacher pass, shard {i + 1}/{len(shards)}')
+                          desc=f'teacher pass, shard {i + 1}/{len(paths)}')
     columns = {c: data[c] for c in ('sampled', 'prompt_id') if c in data}
     write(out, result, seq_len=seq_len, **columns)
   return outs

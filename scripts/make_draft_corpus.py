@@ -12,6 +12,7 @@ skipped; other settings on the same OUT are refused.
   .venv/bin/python scripts/make_draft_corpus.py --stage all --part 1/2
   .venv/bin/python scripts/make_draft_corpus.py --stage teacher --part 0/2 &  # before training
   .venv/bin/python scripts/make_draft_corpus.py --stage teacher --part 1/2
+      (add --shards A:B for the slice a train_draft.py --shards A:B run takes)
   .venv/bin/python scripts/make_draft_corpus.py --stage all --num-prompts 64 \\
       --out runs/corpus_smoke --work-dir runs/corpus_smoke_work     # a smoke run
 """
@@ -69,6 +70,8 @@ def _parse(argv=None):
                  help='W/N: this process is part W of N run side by side (a decode process '
                  'keeps about one core busy, so run one a core: --part 0/2 and --part 1/2); '
                  'each makes the shards numbered W mod N, part 0 writes the results')
+  p.add_argument('--shards', type=cli.shard_range, default=None,
+                 help='teacher: A:B, only answer shards A..B-1 (as train_draft.py --shards)')
   return p.parse_args(argv)
 
 
@@ -94,7 +97,7 @@ def main(argv=None):
     teacher_pass.for_corpus(forward, params, args.out,
                             teacher_pass.corpus_cache_dir(args.teacher_dir, args.out),
                             seq_len=args.seq_len, features=True, top_k=args.teacher_top_k,
-                            part=args.part)
+                            part=args.part, shards=args.shards)
 
 
 if __name__ == '__main__':

@@ -20,6 +20,8 @@ loss are its recipe in `models.draft_training`, named by `models.registry`.
   .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus
       (the corpus of scripts/make_draft_corpus.py, token ids only, once made; the teacher pass
       runs first, cached)
+  .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus \
+      --shards 22:43 --init-from runs/eagle_0_22   # continue on the next slice of shards
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
   .venv/bin/python scripts/train_draft.py --kind small --steps 150 # -> runs/smollm2_small
   .venv/bin/python scripts/train_draft.py --kind eagle ...         # -> drafts/smollm2_eagle
@@ -61,6 +63,12 @@ def _parse(argv=None):
                  help='where the teacher pass of --corpus is cached (one folder a corpus)')
   p.add_argument('--teacher-top-k', type=cli.positive_int, default=16,
                  help='teacher log-probs kept per position (--corpus)')
+  p.add_argument('--shards', type=cli.shard_range, default=None,
+                 help='--corpus: A:B, train on answer shards A..B-1 only (their teacher pass '
+                 'alone runs); a slice a session can afford, continued with --init-from')
+  p.add_argument('--init-from', type=cli.existing_dir, default=None,
+                 help='start from this saved draft of the same kind and config (its params and '
+                 'draft vocabulary; a fresh optimizer), e.g. the one trained on earlier shards')
   p.add_argument('--out', default=None, help='default: the kind\'s (drafts/smollm2_exit, '
                  'drafts/smollm2_eagle, runs/smollm2_small: too big to commit)')
   p.add_argument('--ckpt-dir', default=None, help='default runs/ckpt_<kind>')
@@ -102,7 +110,27 @@ def _parse(argv=None):
   if args.kind == 'eagle' and len(args.source_layers) != 1:
     p.error(f'argument --source-layers: an eagle draft starts from one block, got '
             f'{args.source_layers}')
+  if args.shards is not None and args.corpus is None:
+    p.error('argument --shards: selects shards of --corpus, which is not given')
+  if args.init_from is not None:
+    _check_init_from(p, args)
   return args
+
+
+def _check_init_from(p, args):
+  """--init-from names a draft of --kind whose config the flags do not contradict."""
+  try:
+    meta = registry.read_meta(args.init_from)
+  except FileNotFoundError:
+    p.error(f'argument --init-from: no draft.json in {args.init_from}')
+  if meta['kind'] != args.kind:
+    p.error(f'argument --init-from: {args.init_from} is a {meta["kind"]} draft, not --kind '
+            f'{args.kind}')
+  flags = dict(vars(args), source_layer=args.source_layers[0])  # eagle's one source block
+  for field, saved in meta['config'].items():
+    if field in flags and list(np.atleast_1d(flags[field])) != list(np.atleast_1d(saved)):
+      p.error(f'argument --init-from: {args.init_from} has {field} {saved}, the flags give '
+              f'{flags[field]}')
 
 
 def main(argv=None):
@@ -116,9 +144,13 @@ def main(argv=None):
   paths = args.data or [path for directory in args.corpus for path in teacher_pass.for_corpus(
       loading.forward_for(config), params, directory,
       teacher_pass.corpus_cache_dir(args.teacher_dir, directory),
-      seq_len=args.seq_len, features=args.kind == 'eagle', top_k=args.teacher_top_k)]
+      seq_len=args.seq_len, features=args.kind == 'eagle', top_k=args.teacher_top_k,
+      shards=args.shards)]
   counts = sum(draft_training.token_counts(path, config.vocab_size) for path in paths)
-  vocab_ids = draft_heads.frequent_vocab(counts, args.draft_vocab_size, always=(2,))
+  if args.init_from:  # its draft vocabulary: the head's rows must keep their tokens
+    init_meta, init_trainable, vocab_ids = registry.read_trainable(args.init_from)
+  else:
+    vocab_ids = draft_heads.frequent_vocab(counts, args.draft_vocab_size, always=(2,))
   coverage = counts[vocab_ids].sum() / counts.sum()
   to_draft = np.full((config.vocab_size,), -1, np.int32)
   to_draft[vocab_ids] = np.arange(len(vocab_ids))
@@ -138,6 +170,13 @@ def main(argv=None):
       feature_weight=args.feature_weight, feature_noise=args.feature_noise, unroll=args.unroll)
   draft, trainable, loss_fn, make_arrays, recipe_info = kind.recipe(
       opts, config, params, vocab_ids, jax.random.key(args.seed))
+  if args.init_from:
+    same = jax.tree.map(lambda a, b: a.shape == b.shape, trainable, init_trainable)
+    if jax.tree.structure(trainable) != jax.tree.structure(init_trainable) or not all(
+        jax.tree.leaves(same)):
+      raise ValueError(f'--init-from {args.init_from}: its params do not match the {args.kind} '
+                       'draft these flags build')
+    trainable = init_trainable
   arrays, eval_rows, train_rows = make_arrays(tokens, idx, prob, mask, eval_rows, train_rows)
   r, num_eval = len(arrays[0]), len(eval_rows)
   train_rows = train_rows[:max(args.batch_size, int(args.train_fraction * len(train_rows)))]
@@ -148,6 +187,10 @@ def main(argv=None):
       size['train_prompt_ids'] = [int(i) for i in prompt_ids[train_rows[:64]]]
   else:
     size = dict(train_answer_tokens=len(train_rows) * args.seq_len)
+  # What the draft has been trained on, this run and the runs it continues.
+  before = init_meta['info'] if args.init_from else {}
+  size['total_train_answer_tokens'] = size['train_answer_tokens'] + before.get(
+      'total_train_answer_tokens', before.get('train_answer_tokens', 0))
 
   warmup = min(args.warmup, args.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(args.steps, warmup + 1),
@@ -198,6 +241,8 @@ def main(argv=None):
   info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps,
               batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
               seed=args.seed, data=args.data, corpus=args.corpus, rows=r, train_rows=len(train_rows),
+              shards=[args.shards.start, args.shards.stop] if args.shards else None,
+              init_from=args.init_from,
               coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
               train_seconds=round(time.time() - t0), **size)

@@ -81,3 +81,18 @@ def test_for_corpus_parts_make_their_shards_and_keep_prompt_ids(tmp_path):
   assert np.load(paths[2])['prompt_id'].tolist() == [4, 5]
   alone = teacher_pass.teacher_pass(TARGET, PARAMS, SEQS[2:4], PLENS[2:4], top_k=K)
   np.testing.assert_array_equal(np.load(paths[1])['teacher_ids'], alone['teacher_ids'])
+
+
+def test_for_corpus_shards_take_a_slice(tmp_path):
+  from models import corpus  # pylint: disable=g-import-not-at-top
+  shards = tmp_path / 'corpus' / 'answers'
+  for i in range(3):
+    corpus.write_shard(corpus.shard_path(shards, i), SEQS[2 * i:2 * i + 2], PLENS[2 * i:2 * i + 2])
+  out = tmp_path / 'teacher'
+  run = lambda r: teacher_pass.for_corpus(TARGET, PARAMS, str(tmp_path / 'corpus'), str(out),
+                                          seq_len=T, features=False, top_k=K, shards=r)
+  paths = run(range(1, 3))
+  assert [os.path.basename(p) for p in paths] == ['shard_00001.npz', 'shard_00002.npz']
+  assert sorted(os.listdir(out)) == ['shard_00001.npz', 'shard_00002.npz']
+  with pytest.raises(FileNotFoundError, match='none of the 3 shards'):
+    run(range(5, 9))
