@@ -95,7 +95,8 @@ def _fmt(x) -> str:
 
 
 def table(results: list[dict]) -> str:
-  """Markdown: a row per (draft, temperature, K, prompt set); the draft's training size."""
+  """Markdown: a row per (draft, temperature, K, prompt set); the draft's training size (its
+  answer tokens counted over the runs it continues, `train_draft.py --init-from`)."""
   k_max = max(r['num_draft_tokens'] for r in results)
   head = ['draft', 'train prompts', 'train answer tokens', 'T', 'K', 'prompts', 'rows',
           'acceptance', 'tokens / pass'] + [f'pos {i + 1}' for i in range(k_max)]

@@ -1,27 +1,53 @@
 #!/usr/bin/env bash
-# Held-out acceptance against data size (issue 11): EAGLE trained on a growing share of the
-# corpus's training rows (`train_draft.py --train-fraction`; the same held-out rows, the same
-# recipe and steps), each measured by scripts/eval_draft.py on the dev chat and grounded prompts
-# (never trained on) and on 16 of its own training prompts (the gap), at K=1 and K=3, T=0.
+# Held-out acceptance against data size (issue 11), one slice of the corpus's answer shards a
+# session (docs/draft_curve.md: the teacher pass and training of the whole corpus do not fit one
+# session on a 2-core CPU, and the teacher pass's features cannot be kept in the repository).
+#
+# 1. the teacher pass of shards SLICE (A:B), two processes side by side (resumable by shard);
+# 2. EAGLE trained on each FRACTIONS share of the slice's training rows (`train_draft.py --shards
+#    --train-fraction`, STEPS x fraction steps, at least MIN_STEPS; `--unroll UNROLL`), continuing
+#    INIT_FROM when given (`--init-from`: the draft of the slices before);
+# 3. scripts/eval_draft.py over every point made so far (CURVE_DIR/eagle_*), on the dev chat and
+#    grounded prompts (never trained on) and on 16 of each draft's own training prompts (the
+#    gap), K=1 and K=3, T=0 -> OUT/{acceptance.md,acceptance.json,curve.png}.
+# Defaults: CORPUS data/draft_corpus, CURVE_DIR runs/curve, OUT docs/draft_curve, UNROLL 3,
+# MIN_STEPS 200, NUM_PROMPTS (eval_draft.py's default: all).
 # A finished point is skipped (its draft.json exists); training resumes from its checkpoint.
-# Writes runs/curve/eagle_<fraction>/ and docs/draft_curve/{acceptance.md,acceptance.json,curve.png}.
-# Usage (environment): FRACTIONS="0.125 0.25 0.5 1" STEPS=3000 UNROLL=3 scripts/draft_curve.sh
+# Usage (environment):
+#   SLICE=0:22 FRACTIONS="0.25 1" STEPS=1400 scripts/draft_curve.sh                # from scratch
+#   SLICE=22:43 INIT_FROM=runs/curve/eagle_0-22_1 FRACTIONS=1 STEPS=1400 scripts/draft_curve.sh
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-FRACTIONS=${FRACTIONS:-0.125 0.25 0.5 1}
-STEPS=${STEPS:-3000}
+SLICE=${SLICE:-0:22}
+FRACTIONS=${FRACTIONS:-0.25 1}
+STEPS=${STEPS:-1400}
 UNROLL=${UNROLL:-3}
 CORPUS=${CORPUS:-data/draft_corpus}
-drafts=()
+CURVE_DIR=${CURVE_DIR:-runs/curve}
+OUT=${OUT:-docs/draft_curve}
+MIN_STEPS=${MIN_STEPS:-200}
+NUM_PROMPTS=${NUM_PROMPTS:-}
+INIT_FROM=${INIT_FROM:-}
+tag=${SLICE/:/-}
+
+$PY scripts/make_draft_corpus.py --stage teacher --out "$CORPUS" --shards "$SLICE" --part 0/2 &
+teacher=$!
+$PY scripts/make_draft_corpus.py --stage teacher --out "$CORPUS" --shards "$SLICE" --part 1/2
+wait "$teacher"
+
 for f in $FRACTIONS; do
-  out=runs/curve/eagle_$f
+  out=$CURVE_DIR/eagle_${tag}_$f
   if [ ! -f "$out/draft.json" ]; then
-    $PY scripts/train_draft.py --kind eagle --corpus "$CORPUS" --train-fraction "$f" \
-        --steps "$STEPS" --unroll "$UNROLL" --out "$out" --ckpt-dir "runs/curve/ckpt_$f"
+    steps=$($PY -c "print(max($MIN_STEPS, round($STEPS * $f)))")
+    $PY scripts/train_draft.py --kind eagle --corpus "$CORPUS" --shards "$SLICE" \
+        --train-fraction "$f" --steps "$steps" --batch-size 8 --unroll "$UNROLL" \
+        --feature-noise 0.1 ${INIT_FROM:+--init-from "$INIT_FROM"} \
+        --out "$out" --ckpt-dir "$CURVE_DIR/ckpt_${tag}_$f"
   fi
-  drafts+=("$out")
 done
-$PY scripts/eval_draft.py --drafts "$(IFS=,; echo "${drafts[*]}")" --num-draft-tokens 1,3 \
-    --temperatures 0 --out docs/draft_curve
+
+drafts=$(ls -d "$CURVE_DIR"/eagle_*/ | sed 's:/$::' | paste -sd, -)
+$PY scripts/eval_draft.py --drafts "$drafts" --num-draft-tokens 1,3 --temperatures 0 \
+    ${NUM_PROMPTS:+--num-prompts "$NUM_PROMPTS"} --out "$OUT"

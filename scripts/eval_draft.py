@@ -54,7 +54,10 @@ def main(argv=None):
     info = draft_eval.draft_info(spec) if os.path.isdir(spec) else {}
     sets = draft_eval.prompt_sets(args.prompt_kinds, args.num_prompts, info,
                                   args.num_train_prompts)
-    size = {k: info[k] for k in ('train_prompts', 'train_answer_tokens') if k in info}
+    size = {k: info[k] for k in ('train_prompts',) if k in info}
+    seen = info.get('total_train_answer_tokens', info.get('train_answer_tokens'))  # --init-from
+    if seen:
+      size['train_answer_tokens'] = seen
     draft, draft_params = loading.load_draft(spec, config, params)
     for temperature in args.temperatures:
       for k in args.num_draft_tokens:
