@@ -241,7 +241,7 @@ def main(argv=None):
   info = dict(command='python ' + ' '.join(sys.argv), steps=args.steps,
               batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
               seed=args.seed, data=args.data, corpus=args.corpus, rows=r, train_rows=len(train_rows),
-              shards=[args.shards.start, args.shards.stop] if args.shards else None,
+              shards=[os.path.basename(path) for path in paths] if args.shards else None,
               init_from=args.init_from,
               coverage=float(coverage),
               eval_loss=eval_loss, eval_top1_agreement=eval_agree,
