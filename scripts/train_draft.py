@@ -20,8 +20,8 @@ loss are its recipe in `models.draft_training`, named by `models.registry`.
   .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus
       (the corpus of scripts/make_draft_corpus.py, token ids only, once made; the teacher pass
       runs first, cached)
-  .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus \
-      --shards 22:43 --init-from runs/eagle_0_22   # continue on the next slice of shards
+  .venv/bin/python scripts/train_draft.py --kind eagle --corpus data/draft_corpus --shards 22:43
+      --init-from runs/eagle_0_22   # continue a draft on the next slice of shards
   .venv/bin/python scripts/train_draft.py --kind exit              # -> drafts/smollm2_exit
   .venv/bin/python scripts/train_draft.py --kind small --steps 150 # -> runs/smollm2_small
   .venv/bin/python scripts/train_draft.py --kind eagle ...         # -> drafts/smollm2_eagle
