@@ -171,9 +171,9 @@ def main(argv=None):
   draft, trainable, loss_fn, make_arrays, recipe_info = kind.recipe(
       opts, config, params, vocab_ids, jax.random.key(args.seed))
   if args.init_from:
-    same = jax.tree.map(lambda a, b: a.shape == b.shape, trainable, init_trainable)
-    if jax.tree.structure(trainable) != jax.tree.structure(init_trainable) or not all(
-        jax.tree.leaves(same)):
+    if jax.tree.structure(trainable) != jax.tree.structure(init_trainable) or any(
+        a.shape != b.shape for a, b in zip(jax.tree.leaves(trainable),
+                                           jax.tree.leaves(init_trainable))):
       raise ValueError(f'--init-from {args.init_from}: its params do not match the {args.kind} '
                        'draft these flags build')
     trainable = init_trainable
