@@ -11,15 +11,20 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
   partitioner, so meshes - and the fake multi-device CPUs of the sharding tests - use XLA);
 - the extension was built from the current `models/csrc/` sources (a fingerprint compiled into
   it, `models/kernel_sources.py`) and loads, and `JAXSPEC_CPU_MATMUL` is not `0` (read at import);
-- x and w are float32, w is 2-D `[K, N]` and x has `MIN_ROWS` (2) to `MAX_ROWS` rows (product of
-  its leading dimensions): one row is XLA's matrix-vector kernel, faster here, and prefill of
-  long prompts stays on XLA's GEMM, which is good at many rows.
+- x and w are float32, w is 2-D `[K, N]` and x has 1 to `MAX_ROWS` rows (product of its leading
+  dimensions): prefill of long prompts stays on XLA's GEMM, which is good at many rows.
 
-Each output is one fused multiply-add chain over k in order, whatever the row count, so the
-kernel's result for a row does not depend on the other rows (it differs from XLA's dot only by
-float round-off; `kernel_matmul` gives the same bits for 1 row as well). Gradients use XLA
-matmuls (`jax.custom_vjp`). `matmul_nt` is the same for weights stored (out, in), such as a tied
-embedding.
+Up to `STREAM_MAX_ROWS` (8) rows (a decode step, a verify window of up to 8 tokens) take the
+streaming form (`jaxspec_matmul_kn_stream`): w's rows split in 4 parts that both cores stream in
+memory order, each output an fma chain over its part's k, the parts added in order. Up to
+`MAX_ROWS` rows take the tile form (`jaxspec_matmul_kn`, `kernel_matmul`): one fma chain over all
+of k per output, register tiles of rows sweeping strips of columns. In both a row's result does
+not depend on the other rows, and both differ from XLA's dot only by float round-off (docs/
+cpu_verify.md: at one row the streaming form is ~20% faster here than XLA's one-row dot, which
+streams on one core). The invariant mode takes the tile form at every row count, so a row gets
+the same bits alone as in a window. Gradients use XLA matmuls (`jax.custom_vjp`). `matmul_nt` is
+the same for weights stored (out, in), such as a tied embedding, except at one row, where XLA's
+`x @ w.T` already streams on both cores.
 
 `attention_scores` and `attention_mix` are the two cache products of grouped-query attention
 (`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
@@ -48,13 +53,13 @@ import jax.numpy as jnp
 
 from models import kernel_sources
 
-# One row stays on XLA: its matrix-vector kernel streams the weights faster here (~13 vs ~19 ms
-# for SmolLM2's MLP weights, docs/cpu_verify.md); from two rows on, XLA's GEMM re-reads them.
-MIN_ROWS = 2
 MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
+STREAM_TARGET = 'jaxspec_matmul_kn_stream'
+STREAM_MAX_ROWS = 8
 # FFI target name -> exported handler symbol of the extension.
 _TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',
+            STREAM_TARGET: 'JaxspecStreamKN',
             'jaxspec_matmul_kn_bf16': 'JaxspecMatmulKNBf16',
             'jaxspec_matmul_nk_bf16': 'JaxspecMatmulNKBf16',
             'jaxspec_attn_scores': 'JaxspecAttnScores',
@@ -122,7 +127,7 @@ def uses_kernel(x: jax.Array, w: jax.Array, invariant: bool = False) -> bool:
   rows = 1
   for d in x.shape[:-1]:
     rows *= d
-  rows_ok = rows >= 1 if invariant else MIN_ROWS <= rows <= MAX_ROWS
+  rows_ok = rows >= 1 if invariant else rows <= MAX_ROWS
   return (available() and jax.device_count() == 1 and w.ndim == 2 and x.ndim >= 1
           and _dtypes_ok(x, w, invariant) and rows_ok
           and x.shape[-1] == w.shape[0] and w.shape[1] >= 1)
@@ -148,16 +153,23 @@ def _small_rows(x_RK, w_KN):
   return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel, default=jnp.matmul)
 
 
-def _small_rows_fwd(x_RK, w_KN):
-  return _small_rows(x_RK, w_KN), (x_RK, w_KN)
+@jax.custom_vjp
+def _streamed(x_RK, w_KN):
+  kernel = lambda x, w: _ffi(STREAM_TARGET, (x.shape[0], w.shape[1]), x, w)
+  return jax.lax.platform_dependent(x_RK, w_KN, cpu=kernel, default=jnp.matmul)
 
 
-def _small_rows_bwd(res, g_RN):
+def _matmul_fwd(fn):
+  return lambda x_RK, w_KN: (fn(x_RK, w_KN), (x_RK, w_KN))
+
+
+def _matmul_bwd(res, g_RN):
   x_RK, w_KN = res
   return g_RN @ w_KN.T, x_RK.T @ g_RN
 
 
-_small_rows.defvjp(_small_rows_fwd, _small_rows_bwd)
+_small_rows.defvjp(_matmul_fwd(_small_rows), _matmul_bwd)
+_streamed.defvjp(_matmul_fwd(_streamed), _matmul_bwd)
 
 
 def matmul(x: jax.Array, w_KN: jax.Array, invariant: bool = False) -> jax.Array:
@@ -169,7 +181,9 @@ def matmul(x: jax.Array, w_KN: jax.Array, invariant: bool = False) -> jax.Array:
   if not uses_kernel(x, w_KN, invariant):
     return x @ w_KN
   lead = x.shape[:-1]
-  y = _small_rows(x.reshape(-1, x.shape[-1]), w_KN)
+  x_RK = x.reshape(-1, x.shape[-1])
+  stream = x_RK.shape[0] <= STREAM_MAX_ROWS and not invariant
+  y = _streamed(x_RK, w_KN) if stream else _small_rows(x_RK, w_KN)
   return y.reshape(*lead, w_KN.shape[1])
 
 
@@ -225,9 +239,14 @@ _small_rows_nk.defvjp(lambda x, w: (_small_rows_nk(x, w), (x, w)), _small_rows_n
 
 def matmul_nt(x: jax.Array, w_NK: jax.Array, invariant: bool = False) -> jax.Array:
   """`x [..., K] @ w[N, K].T -> [..., N]` for weights stored (out, in), like a tied embedding
-  `[V, D]`: the kernel where `uses_kernel(x, w.T)` would hold, else XLA's
-  `einsum('NK,...K->N...')` moved back (N leading: XLA:CPU runs that 3-4x faster for several rows
-  than `x @ w.T`). Raises ValueError if x's last dimension is not w's second (from XLA)."""
+  `[V, D]`: one row (not invariant) is XLA's `x @ w.T`, which streams w on both cores (~30 GB/s
+  here against ~21 for the kernel and the einsum below); more rows take the kernel where
+  `uses_kernel(x, w.T)` would hold, else XLA's `einsum('NK,...K->N...')` moved back (N leading:
+  XLA:CPU runs that 3-4x faster for several rows than `x @ w.T`). Raises ValueError if x's last
+  dimension is not w's second (from XLA)."""
+  if x.size == x.shape[-1] and not invariant:  # contracting w's last axis: no transpose
+    y = jax.lax.dot_general(x.reshape(1, -1), w_NK, (((1,), (1,)), ((), ())))
+    return y.reshape(*x.shape[:-1], w_NK.shape[0])
   if not uses_kernel(x, w_NK.T, invariant):
     return jnp.moveaxis(jnp.einsum('NK,...K->N...', w_NK, x), 0, -1)
   lead = x.shape[:-1]

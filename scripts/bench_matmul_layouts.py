@@ -1,15 +1,17 @@
 """Why verifying K+1 tokens costs more than one token on XLA:CPU: the matmuls alone.
 
 Times (best of --repeats, 30) SmolLM2's 30 MLP weight pairs (576x1536, 1536x576, fp32, random)
-applied to T = 1..8 rows (--widths) in three formulations, and the C++ kernel where it is built,
+applied to T = 1..8 rows (--widths) in three formulations, and the C++ kernel's where it is built,
 in one run, and prints ms and the ratio to T=1 side by side:
 
 - `x @ W`, W stored (in, out): XLA's dot, what models/llama.py runs outside the kernel's rows;
 - `x @ W.T`, W stored (out, in): the fastest here for T = 1;
 - `(W @ x.T).T`, W stored (out, in), with optimization barriers so XLA keeps the weight as the
   left operand: the flattest in T here.
-- `kernel x @ W`: `models.cpu_matmul.kernel_matmul`, what the model takes for `MIN_ROWS` to
-  `MAX_ROWS` rows (docs/cpu_verify.md).
+- `tile x @ W`: `models.cpu_matmul.kernel_matmul`, the kernel's tile form (one fma chain over k
+  per output), what the model takes for `STREAM_MAX_ROWS` + 1 to `MAX_ROWS` rows;
+- `model x @ W`: `models.cpu_matmul.matmul`, what the model takes (the streaming form up to
+  `STREAM_MAX_ROWS` rows, then the tile form; docs/cpu_verify.md).
 
   .venv/bin/python scripts/bench_matmul_layouts.py [--repeats 30] [--widths 1,2,3,4,5,8]
 """
@@ -48,8 +50,9 @@ FORMS = {
     'x@W.T (out,in)': (_mlp(lambda x, w: x @ w.T), True),
     '(W@x.T).T (out,in)': (_mlp(_weight_left), True),
 }
-if cpu_matmul.available():  # the C++ kernel the model takes for MIN_ROWS..MAX_ROWS rows
-  FORMS['kernel x@W (in,out)'] = (_mlp(cpu_matmul.kernel_matmul), False)
+if cpu_matmul.available():  # the C++ kernel's two forms
+  FORMS['tile x@W (in,out)'] = (_mlp(cpu_matmul.kernel_matmul), False)
+  FORMS['model x@W (in,out)'] = (_mlp(cpu_matmul.matmul), False)
 
 
 def main(argv=None):

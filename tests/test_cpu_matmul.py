@@ -7,6 +7,8 @@ of Numerical Algorithms, 3.1); XLA's dot obeys the same bound, so the two differ
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +63,7 @@ def test_transposed_kernel_matches_float64_and_xla(rows, k, n):
   x, w = _data(rows, k, n, seed=rows * 1000 + k + 1)
   w_nk = np.ascontiguousarray(w.T)
   ours = np.asarray(jax.jit(cpu_matmul.matmul_nt)(x, w_nk))
-  assert cpu_matmul.uses_kernel(jnp.asarray(x), jnp.asarray(w)) == (rows >= cpu_matmul.MIN_ROWS)
+  assert cpu_matmul.uses_kernel(jnp.asarray(x), jnp.asarray(w))
   exact = x.astype(np.float64) @ w.astype(np.float64)
   assert ours.shape == (rows, n)
   assert np.all(np.abs(ours - exact) <= _bound(x, w))
@@ -71,6 +73,63 @@ def test_transposed_kernel_matches_float64_and_xla(rows, k, n):
   gx, gw = jax.grad(lambda x, w: jnp.sum(cpu_matmul.matmul_nt(x, w) * cot), argnums=(0, 1))(x, w_nk)
   np.testing.assert_allclose(gx, cot @ w_nk.astype(np.float64), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(gw, cot.T @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+STREAM_SHAPES = [(1, 1, 1), (1, 7, 5), (1, 576, 192), (1, 576, 1536), (1, 1536, 576),
+                 (1, 2000, 3), (2, 33, 65), (3, 576, 1536), (4, 100, 31), (5, 1536, 576),
+                 (6, 64, 32), (7, 577, 95), (8, 191, 193), (8, 576, 192)]
+
+
+@pytest.mark.parametrize('rows, k, n', STREAM_SHAPES)
+def test_streaming_form_matches_float64_and_xla(rows, k, n):
+  """Up to STREAM_MAX_ROWS rows take the streaming form: k split in parts, each an fma chain, the
+  parts added in order. That adds at most 3 roundings to chains of K/4 terms, so the single
+  chain's bound with gamma_K still holds."""
+  x, w = _data(rows, k, n, seed=k * 7 + n + rows)
+  fn = jax.jit(cpu_matmul.matmul)
+  assert cpu_matmul.STREAM_TARGET in fn.lower(x, w).as_text()
+  ours = np.asarray(fn(x, w))
+  exact = x.astype(np.float64) @ w.astype(np.float64)
+  bound = _bound(x, w)
+  assert ours.shape == (rows, n) and ours.dtype == np.float32
+  assert np.all(np.abs(ours - exact) <= bound)
+  assert np.all(np.abs(ours - np.asarray(jax.jit(jnp.matmul)(x, w))) <= 2 * bound)
+  np.testing.assert_array_equal(np.asarray(fn(x, w)), ours)  # deterministic across calls
+  lead = np.asarray(cpu_matmul.matmul(x.reshape(1, rows, k), w))  # leading dims flatten
+  np.testing.assert_array_equal(lead[0], ours)
+  # A row alone gives the same bits as among the others (the parts do not depend on R).
+  alone = np.concatenate([np.asarray(fn(x[r:r + 1], w)) for r in range(rows)])
+  np.testing.assert_array_equal(alone, ours)
+  # The invariant mode keeps the single chain at every row count: the tile kernel's bits.
+  inv = np.asarray(jax.jit(lambda x, w: cpu_matmul.matmul(x, w, invariant=True))(x, w))
+  np.testing.assert_array_equal(inv, np.asarray(cpu_matmul.kernel_matmul(x, w)))
+
+
+_ISA_SCRIPT = """
+import sys, numpy as np, jax
+from models import cpu_matmul
+rng = np.random.default_rng(0)
+out = []
+for rows, k, n in [(1, 576, 1536), (3, 577, 95), (8, 100, 67), (5, 33, 2)]:
+  x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32)
+  out += [np.asarray(jax.jit(cpu_matmul.matmul)(x, w)), np.asarray(cpu_matmul.kernel_matmul(x, w))]
+np.savez(sys.argv[1], *out)
+"""
+
+
+def test_instruction_sets_give_the_same_bits(tmp_path):
+  """The AVX-512, AVX2 and scalar paths of both forms compute the same fma chains: the same bits
+  (JAXSPEC_CPU_MATMUL_ISA caps the instruction set; a CPU without AVX-512 runs avx2 twice)."""
+  runs = {}
+  for isa in ('native', 'avx2', 'scalar'):
+    env = dict(os.environ, JAXSPEC_CPU_MATMUL_ISA=isa, JAX_PLATFORMS='cpu')
+    path = tmp_path / f'{isa}.npz'
+    subprocess.run([sys.executable, '-c', _ISA_SCRIPT, str(path)], env=env, check=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    runs[isa] = np.load(path)
+  for isa in ('avx2', 'scalar'):
+    for key in runs['native'].files:
+      np.testing.assert_array_equal(runs[isa][key], runs['native'][key], err_msg=f'{isa} {key}')
 
 
 def test_rows_do_not_change_each_others_results():
@@ -86,21 +145,25 @@ def test_rows_do_not_change_each_others_results():
 def test_matmul_takes_the_kernel_only_where_it_applies():
   x, w = _data(3, 8, 5)
   assert cpu_matmul.uses_kernel(jnp.asarray(x), jnp.asarray(w))
-  assert not cpu_matmul.uses_kernel(jnp.asarray(x[:1]), jnp.asarray(w))  # 1 row: XLA's GEMV
+  assert cpu_matmul.uses_kernel(jnp.asarray(x[:1]), jnp.asarray(w))  # 1 row: the streaming form
   assert cpu_matmul.uses_kernel(jnp.zeros((2, 3, 8)), jnp.asarray(w))  # leading dims flatten
   assert not cpu_matmul.uses_kernel(jnp.zeros((cpu_matmul.MAX_ROWS + 1, 8)), jnp.asarray(w))
   assert not cpu_matmul.uses_kernel(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16))
   assert not cpu_matmul.uses_kernel(jnp.asarray(x), jnp.zeros((8, 5, 2)))
   lowered = jax.jit(cpu_matmul.matmul).trace(jnp.asarray(x), jnp.asarray(w))
   assert cpu_matmul.TARGET in lowered.lower(lowering_platforms=('cpu',)).as_text()
-  for platform in ('cuda', 'tpu'):  # accelerators never see the custom call
+  one = jax.jit(cpu_matmul.matmul).trace(jnp.asarray(x[:1]), jnp.asarray(w))
+  assert cpu_matmul.STREAM_TARGET in one.lower(lowering_platforms=('cpu',)).as_text()
+  for platform in ('cuda', 'tpu'):  # accelerators never see the custom calls
     assert cpu_matmul.TARGET not in lowered.lower(lowering_platforms=(platform,)).as_text()
+    assert cpu_matmul.STREAM_TARGET not in one.lower(lowering_platforms=(platform,)).as_text()
   big = jnp.ones((cpu_matmul.MAX_ROWS + 1, 8))  # prefill-sized: XLA's dot, exactly
   np.testing.assert_array_equal(cpu_matmul.matmul(big, jnp.asarray(w)), big @ jnp.asarray(w))
 
 
-def test_gradients_and_vmap_match_xla():
-  x, w = _data(5, 37, 19, seed=7)
+@pytest.mark.parametrize('rows', [1, 5])
+def test_gradients_and_vmap_match_xla(rows):
+  x, w = _data(rows, 37, 19, seed=7)
   loss = lambda mm: lambda x, w: jnp.sum(jnp.sin(mm(x, w)))
   ours = jax.grad(loss(cpu_matmul.matmul), argnums=(0, 1))(x, w)
   xla = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)

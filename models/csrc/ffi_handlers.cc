@@ -1,6 +1,7 @@
 // XLA FFI handlers of the CPU kernels, float32, row-major:
 //   JaxspecMatmulKN:  y[R, N] = x[R, K] @ w[K, N]                      (small_matmul.h)
 //   JaxspecMatmulNK:  y[R, N] = x[R, K] @ w[N, K].T
+//   JaxspecStreamKN:  y[R, N] = x[R, K] @ w[K, N], the streaming form for a few rows
 //   JaxspecMatmulKNBf16, JaxspecMatmulNKBf16: the same with bfloat16 w (x and y float32)
 //   JaxspecAttnScores: scores[B,M,G,T,S] from q[B,T,M,G,H], k[B,S,M,H] (small_attention.h)
 //   JaxspecAttnMix:    mixed[B,T,M,G,H] from p[B,M,G,T,S], v[B,S,M,H]
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "small_attention.h"
 #include "small_matmul.h"
@@ -87,6 +89,43 @@ ffi::Error MatmulKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
     const int64_t c1 = p + 1 == parts ? n : (p + 1) * strips / parts * kStrip;
     MatmulKN(xp, wp, yp, rows, k, n, c0, c1);
   });
+  return ffi::Error::Success();
+}
+
+// Parts of k in the streaming form: more than the two threads, so that the one that starts late
+// (the pool's) still takes a share (4 measured faster than 2, 8 or 16 on SmolLM2's one-row
+// forward, docs/cpu_verify.md). Below ~64k multiply-adds the product is one part on the caller.
+constexpr int64_t kStreamParts = 4;
+
+ffi::Error StreamKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  const auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || yd.size() != 2 || yd[0] != xd[0] ||
+      yd[1] != wd[1])
+    return ffi::Error::InvalidArgument("jaxspec_matmul_kn_stream: expected x[R, K], w[K, N], "
+                                       "y[R, N]");
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t rows = xd[0], k = wd[0], n = wd[1], size = rows * n;
+  const int64_t parts = k * n >= (1 << 16) && k >= 8 * kStreamParts ? kStreamParts : 1;
+  // The caller's buffer, kept between calls (the caller waits for every part before reusing it).
+  static thread_local std::vector<float> buffer;
+  buffer.resize(parts * size);
+  float* bp = buffer.data();
+  // Part p: weight rows [p * k / parts, (p + 1) * k / parts) rounded down to multiples of 8.
+  ParallelFor(pool, parts, parts > 1, [=](int64_t p) {
+    const int64_t k0 = p * k / parts / 8 * 8;
+    const int64_t k1 = p + 1 == parts ? k : (p + 1) * k / parts / 8 * 8;
+    StreamKNPart(xp, wp, bp + p * size, rows, k, n, k0, k1);
+  });
+  for (int64_t i = 0; i < size; ++i) {
+    float sum = bp[i];
+    for (int64_t p = 1; p < parts; ++p) sum += bp[p * size + i];
+    yp[i] = sum;
+  }
   return ffi::Error::Success();
 }
 
@@ -181,6 +220,7 @@ extern "C" const char* JaxspecSourceHash() { return JAXSPEC_SOURCE_HASH; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl<ffi::F32>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl<ffi::F32>, JAXSPEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecStreamKN, jaxspec::StreamKNImpl, JAXSPEC_BINDING);
 // x float32, w bfloat16 (exactly widened on load), y float32.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKNBf16, jaxspec::MatmulKNImpl<ffi::BF16>,
                               JAXSPEC_BF16_BINDING);

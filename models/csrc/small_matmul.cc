@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace jaxspec {
@@ -193,10 +194,23 @@ float DotLanesScalar(const float* a, const W* b, int64_t k) {
   return sum;
 }
 
-bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+// The widest instruction set used: 2 AVX-512, 1 AVX2 + FMA, 0 scalar; what the CPU has, capped by
+// JAXSPEC_CPU_MATMUL_ISA=avx2|scalar (tests: every path gives the same bits).
+int Isa() {
+  static const int isa = [] {
+    const int has = __builtin_cpu_supports("avx512f")                                    ? 2
+                    : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
+                                                                                       : 0;
+    const char* cap = std::getenv("JAXSPEC_CPU_MATMUL_ISA");
+    if (cap == nullptr) return has;
+    if (std::strcmp(cap, "scalar") == 0) return 0;
+    if (std::strcmp(cap, "avx2") == 0) return std::min(has, 1);
+    return has;
+  }();
+  return isa;
 }
+
+bool HasAvx2() { return Isa() >= 1; }
 
 template <typename W>
 void MatmulKNImpl(const float* x, const W* w, float* y, int64_t rows, int64_t k, int64_t n,
@@ -222,7 +236,129 @@ void MatmulNKImpl(const float* x, const W* w, float* y, int64_t rows, int64_t k,
     for (int64_t r = 0; r < rows; ++r) y[r * n + c] = DotLanesScalar(x + r * k, w + c * k, k);
 }
 
+// ---- Streaming form (StreamKNPart): every output of a part is one fma chain over its k range in
+// increasing order, whatever the instruction set, row grouping or column block, so all three
+// paths below give the same bits.
+
+// AVX-512: 8 weight rows x 32 columns held in 16 zmm registers, applied to RB rows of x.
+template <int RB>
+__attribute__((target("avx512f"))) inline void Rows512(const float* x, int64_t k, int64_t kk,
+                                                     const __m512* wv, float* part, int64_t n,
+                                                     int64_t c) {
+  __m512 u[RB], v[RB];
+#pragma GCC unroll 4
+  for (int i = 0; i < RB; ++i) {
+    u[i] = _mm512_loadu_ps(part + i * n + c);
+    v[i] = _mm512_loadu_ps(part + i * n + c + 16);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+#pragma GCC unroll 4
+    for (int i = 0; i < RB; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * k + kk + j]);
+      u[i] = _mm512_fmadd_ps(xb, wv[2 * j], u[i]);
+      v[i] = _mm512_fmadd_ps(xb, wv[2 * j + 1], v[i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RB; ++i) {
+    _mm512_storeu_ps(part + i * n + c, u[i]);
+    _mm512_storeu_ps(part + i * n + c + 16, v[i]);
+  }
+}
+
+// Columns [c0, c1) (multiples of 32 apart), weight rows [k0, k1): w's rows in memory order, 8 at
+// a time; returns the first weight row left over (fewer than 8 remain).
+__attribute__((target("avx512f"))) int64_t StreamAvx512(const float* x, const float* w,
+                                                        float* part, int64_t rows, int64_t k,
+                                                        int64_t n, int64_t c0, int64_t c1,
+                                                        int64_t k0, int64_t k1) {
+  int64_t kk = k0;
+  for (; kk + 8 <= k1; kk += 8) {
+    const float* w0 = w + kk * n;
+    for (int64_t c = c0; c < c1; c += 32) {
+      __m512 wv[16];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        wv[2 * j] = _mm512_loadu_ps(w0 + j * n + c);
+        wv[2 * j + 1] = _mm512_loadu_ps(w0 + j * n + c + 16);
+      }
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4) Rows512<4>(x + r * k, k, kk, wv, part + r * n, n, c);
+      for (; r + 2 <= rows; r += 2) Rows512<2>(x + r * k, k, kk, wv, part + r * n, n, c);
+      for (; r < rows; ++r) Rows512<1>(x + r * k, k, kk, wv, part + r * n, n, c);
+    }
+  }
+  return kk;
+}
+
+// AVX2: 4 weight rows x 16 columns, one row of x at a time.
+__attribute__((target("avx2,fma"))) int64_t StreamAvx2(const float* x, const float* w,
+                                                       float* part, int64_t rows, int64_t k,
+                                                       int64_t n, int64_t c0, int64_t c1,
+                                                       int64_t k0, int64_t k1) {
+  int64_t kk = k0;
+  for (; kk + 4 <= k1; kk += 4) {
+    const float* w0 = w + kk * n;
+    for (int64_t c = c0; c < c1; c += 16) {
+      __m256 wv[8];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        wv[2 * j] = _mm256_loadu_ps(w0 + j * n + c);
+        wv[2 * j + 1] = _mm256_loadu_ps(w0 + j * n + c + 8);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* pr = part + r * n + c;
+        __m256 u = _mm256_loadu_ps(pr), v = _mm256_loadu_ps(pr + 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          const __m256 xb = _mm256_broadcast_ss(x + r * k + kk + j);
+          u = _mm256_fmadd_ps(xb, wv[2 * j], u);
+          v = _mm256_fmadd_ps(xb, wv[2 * j + 1], v);
+        }
+        _mm256_storeu_ps(pr, u);
+        _mm256_storeu_ps(pr + 8, v);
+      }
+    }
+  }
+  return kk;
+}
+
+bool HasAvx512() { return Isa() >= 2; }
+
+// The scalar tail: columns [c0, c1), weight rows [k0, k1), the same chain.
+void StreamScalar(const float* x, const float* w, float* part, int64_t rows, int64_t k,
+                  int64_t n, int64_t c0, int64_t c1, int64_t k0, int64_t k1) {
+  for (int64_t kk = k0; kk < k1; ++kk)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        part[r * n + c] = std::fma(x[r * k + kk], w[kk * n + c], part[r * n + c]);
+}
+
 }  // namespace
+
+void StreamKNPart(const float* x, const float* w, float* part, int64_t rows, int64_t k,
+                  int64_t n, int64_t k0, int64_t k1) {
+  std::memset(part, 0, rows * n * sizeof(float));
+  if (HasAvx512()) {
+    // Column blocks whose accumulators (rows x block floats, <= 16 KB) stay in L1.
+    const int64_t n32 = n / 32 * 32;
+    const int64_t block = std::max<int64_t>(32, 4096 / rows / 32 * 32);
+    for (int64_t c0 = 0; c0 < n32; c0 += block) {
+      const int64_t c1 = std::min(n32, c0 + block);
+      const int64_t rest = StreamAvx512(x, w, part, rows, k, n, c0, c1, k0, k1);
+      StreamScalar(x, w, part, rows, k, n, c0, c1, rest, k1);
+    }
+    StreamScalar(x, w, part, rows, k, n, n32, n, k0, k1);
+  } else if (HasAvx2()) {
+    const int64_t n16 = n / 16 * 16;
+    const int64_t rest = StreamAvx2(x, w, part, rows, k, n, 0, n16, k0, k1);
+    StreamScalar(x, w, part, rows, k, n, 0, n16, rest, k1);
+    StreamScalar(x, w, part, rows, k, n, n16, n, k0, k1);
+  } else {
+    StreamScalar(x, w, part, rows, k, n, 0, n, k0, k1);
+  }
+}
 
 void MatmulKN(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
               int64_t n_begin, int64_t n_end) {

@@ -28,6 +28,15 @@ void MatmulKN(const float* x, const uint16_t* w, float* y, int64_t rows, int64_t
 void MatmulNK(const float* x, const uint16_t* w, float* y, int64_t rows, int64_t k, int64_t n,
               int64_t n_begin, int64_t n_end);
 
+// The streaming form, for a few rows: part[r, 0:n] = sum over k in [k0, k1) of x[r, k] * w[k, :],
+// reading w's rows in memory order (8 or 4 at a time) with the partial sums in cache. Each output
+// is one fma chain over k in increasing order on every path (AVX-512, AVX2, scalar). A product is
+// the sum of such parts over a fixed split of k (the FFI handler's), added in part order: its bits
+// depend on K and the split, not on R, threads or the instruction set, and differ from MatmulKN's
+// single chain by float round-off.
+void StreamKNPart(const float* x, const float* w, float* part, int64_t rows, int64_t k, int64_t n,
+                  int64_t k0, int64_t k1);
+
 // Columns are handed to threads in multiples of this many (one register tile's width).
 constexpr int64_t kStrip = 32;
 
