@@ -127,7 +127,7 @@ def uses_kernel(x: jax.Array, w: jax.Array, invariant: bool = False) -> bool:
   rows = 1
   for d in x.shape[:-1]:
     rows *= d
-  rows_ok = rows >= 1 if invariant else rows <= MAX_ROWS
+  rows_ok = rows >= 1 and (invariant or rows <= MAX_ROWS)
   return (available() and jax.device_count() == 1 and w.ndim == 2 and x.ndim >= 1
           and _dtypes_ok(x, w, invariant) and rows_ok
           and x.shape[-1] == w.shape[0] and w.shape[1] >= 1)

@@ -148,6 +148,8 @@ def test_matmul_takes_the_kernel_only_where_it_applies():
   assert cpu_matmul.uses_kernel(jnp.asarray(x[:1]), jnp.asarray(w))  # 1 row: the streaming form
   assert cpu_matmul.uses_kernel(jnp.zeros((2, 3, 8)), jnp.asarray(w))  # leading dims flatten
   assert not cpu_matmul.uses_kernel(jnp.zeros((cpu_matmul.MAX_ROWS + 1, 8)), jnp.asarray(w))
+  assert not cpu_matmul.uses_kernel(jnp.zeros((0, 8)), jnp.asarray(w))  # no rows
+  assert cpu_matmul.matmul(jnp.zeros((0, 8)), jnp.asarray(w)).shape == (0, 5)
   assert not cpu_matmul.uses_kernel(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16))
   assert not cpu_matmul.uses_kernel(jnp.asarray(x), jnp.zeros((8, 5, 2)))
   lowered = jax.jit(cpu_matmul.matmul).trace(jnp.asarray(x), jnp.asarray(w))

@@ -110,6 +110,7 @@ ffi::Error StreamKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t rows = xd[0], k = wd[0], n = wd[1], size = rows * n;
+  if (size == 0) return ffi::Error::Success();
   const int64_t parts = k * n >= (1 << 16) && k >= 8 * kStreamParts ? kStreamParts : 1;
   // The caller's buffer, kept between calls (the caller waits for every part before reusing it).
   static thread_local std::vector<float> buffer;
