@@ -119,7 +119,8 @@ def shard_range(text: str) -> range:
   """'A:B' -> range(A, B), shards A..B-1 (either side may be left out: 'A:', ':B')."""
   try:
     start, stop = text.split(':')
-    r = range(int(start) if start else 0, int(stop) if stop else 1 << 30)
+    from models.corpus import OPEN_END  # pylint: disable=g-import-not-at-top
+    r = range(int(start) if start else 0, int(stop) if stop else OPEN_END)
   except ValueError:
     raise argparse.ArgumentTypeError(f'want A:B (shards A..B-1), got {text!r}') from None
   if r.start < 0 or r.stop <= r.start:

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 import numpy as np
 
 TOKEN_DTYPE = np.uint16
+# The stop of a shard range left open ('A:'): past any shard number.
+OPEN_END = 1 << 30
 
 
 def shard_path(directory: str, index: int) -> str:

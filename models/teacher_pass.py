@@ -140,7 +140,7 @@ def for_corpus(forward, params, corpus_dir: str, out_dir: str, *, seq_len: int,
   taken = [(i, s) for i, s in enumerate(paths) if shards is None or i in shards]
   if not taken:
     raise FileNotFoundError(f'none of the {len(paths)} shards of {corpus_dir} is in shards '
-                            f'{shards.start}:{shards.stop if shards.stop < 1 << 30 else ""}')
+                            f'{shards.start}:{shards.stop if shards.stop != corpus.OPEN_END else ""}')
   outs = []
   for i, shard in taken:
     out = os.path.join(out_dir, os.path.basename(shard))
