@@ -7,7 +7,8 @@
 # 2. EAGLE trained on each FRACTIONS share of the slice's training rows (`train_draft.py --shards
 #    --train-fraction`, STEPS x fraction steps, at least MIN_STEPS; `--unroll UNROLL`), continuing
 #    INIT_FROM when given (`--init-from`: the draft of the slices before);
-# 3. scripts/eval_draft.py over every point made so far (CURVE_DIR/eagle_*), on the dev chat and
+# 3. scripts/eval_draft.py over every point made so far (CURVE_DIR/eagle_*, and the committed
+#    drafts/curve/eagle_* of earlier sessions), on the dev chat and
 #    grounded prompts (never trained on) and on 16 of each draft's own training prompts (the
 #    gap), K=1 and K=3, T=0 -> OUT/{acceptance.md,acceptance.json,curve.png}.
 # Defaults: CORPUS data/draft_corpus, CURVE_DIR runs/curve, OUT docs/draft_curve, UNROLL 3,
@@ -15,7 +16,7 @@
 # A finished point is skipped (its draft.json exists); training resumes from its checkpoint.
 # Usage (environment):
 #   SLICE=0:22 FRACTIONS="0.25 1" STEPS=1400 scripts/draft_curve.sh                # from scratch
-#   SLICE=22:43 INIT_FROM=runs/curve/eagle_0-22_1 FRACTIONS=1 STEPS=1400 scripts/draft_curve.sh
+#   SLICE=22:43 INIT_FROM=drafts/curve/eagle_0-22_1 FRACTIONS=1 STEPS=1400 scripts/draft_curve.sh
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
@@ -48,6 +49,8 @@ for f in $FRACTIONS; do
   fi
 done
 
-drafts=$(ls -d "$CURVE_DIR"/eagle_*/ | sed 's:/$::' | paste -sd, -)
+# the points made here, and the committed ones (drafts/curve) not remade here
+drafts=$({ ls -d "$CURVE_DIR"/eagle_*/; ls -d drafts/curve/eagle_*/ 2>/dev/null || true; } \
+         | sed 's:/$::' | awk -F/ '!seen[$NF]++' | paste -sd, -)
 $PY scripts/eval_draft.py --drafts "$drafts" --num-draft-tokens 1,3 --temperatures 0 \
     ${NUM_PROMPTS:+--num-prompts "$NUM_PROMPTS"} --out "$OUT"
