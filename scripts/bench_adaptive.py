@@ -125,15 +125,21 @@ def main():
                 f'x{r["speedup"]:.2f} accept {r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}'
                 + (f' round ms {[round(c, 1) for c in r["round_ms"]]}' if how == 'auto' else ''),
                 flush=True)
+        _write(args, results)  # every finished cell, in case the run is cut short
+  print(_write(args, results))
+
+
+def _write(args, results):
+  """Writes `<out>/adaptive.json` and `<out>/adaptive.md` (the table, returned) from the rows so
+  far (their token ids left out)."""
   os.makedirs(args.out, exist_ok=True)
-  for r in results:
-    r.pop('tokens')
+  rows = [{k: v for k, v in r.items() if k != 'tokens'} for r in results]
   with open(os.path.join(args.out, 'adaptive.json'), 'w', encoding='utf-8') as f:
-    json.dump({'args': vars(args), 'results': results}, f, indent=1)
-  table = _table(results)
+    json.dump({'args': vars(args), 'results': rows}, f, indent=1)
+  table = _table(rows)
   with open(os.path.join(args.out, 'adaptive.md'), 'w', encoding='utf-8') as f:
     f.write(table)
-  print(table)
+  return table
 
 
 def _table(results):
