@@ -13,9 +13,11 @@ processes `passes * W / committed` positions per committed token, against 1 for 
 a 1-token pass (memory bound) this extra work is free; once the batch makes the pass compute
 bound it is not, which is where speculation stops paying.
 
-A static batch: every row's answer is ready when the batch ends, so a request's latency is the
-batch's end-to-end time; `ttft_s` is the prefill plus one round (the decode time over the loop's
-rounds), `tpot_s` the rest over the mean answer length minus one.
+Every batch size serves the same requests (`batches_of`), so acceptance and answer lengths are
+the same work at every B and only the batching differs. Static batches: every row's answer is
+ready when its batch ends, so a request's latency is its batch's end-to-end time; `ttft_s` is
+the prefill plus one round (the decode time over the loop's rounds), `tpot_s` the rest over the
+mean answer length minus one.
 """
 
 from __future__ import annotations
@@ -47,60 +49,89 @@ def memory_bytes(params, draft_params, prompt_tokens, prompt_lengths, *, target,
               token_buffer=nbytes(state.tokens))
 
 
-def _timed(fn, *args, reps: int = 1):
-  """(best seconds of `reps` calls, the last output); on a shared machine the best is the
-  closest to the uncontended cost."""
-  best = float('inf')
+def batches_of(prompt_tokens, prompt_lengths, seeds, batch_size: int) -> list[tuple]:
+  """The requests (rows of `prompt_tokens [N,P]`, `prompt_lengths [N]`, `seeds [N]`) served in
+  batches of `batch_size`: ceil(N / B) batches, the last one filled by cycling from the first
+  request, so every batch size serves every request (and B > N repeats requests). Returns a list
+  of (tokens `[B,P]`, lengths `[B]`, seeds `[B]`)."""
+  n = len(prompt_lengths)
+  out = []
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size) % n
+    out.append((prompt_tokens[idx], prompt_lengths[idx], np.asarray(seeds)[idx]))
+  return out
+
+
+def _timed_batches(fn, batches, reps: int):
+  """Runs `fn(batch)` over every batch, `reps` times; returns (per-batch seconds of the fastest
+  sweep, its outputs). On a shared machine the best sweep is closest to the uncontended cost."""
+  best, best_times, outs = float('inf'), None, None
   for _ in range(reps):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - t0)
-  return best, out
+    times, results = [], []
+    for b in batches:
+      t0 = time.perf_counter()
+      results.append(jax.block_until_ready(fn(*b)))
+      times.append(time.perf_counter() - t0)
+    if sum(times) < best:
+      best, best_times, outs = sum(times), times, results
+  return best_times, outs
 
 
-def measure(params, draft_params, prompt_tokens, prompt_lengths, seeds, *, target, draft,
-            config: DecodeConfig, reps: int = 3) -> dict:
-  """One batch decoded with one configuration, measured for the operations table.
+def measure(params, draft_params, batches, *, target, draft, config: DecodeConfig,
+            reps: int = 3) -> dict:
+  """A set of requests decoded in batches with one configuration, for the operations table.
 
   Args:
-    prompt_tokens: `[B,P]` int32 (`pad_prompts`); prompt_lengths `[B]`; seeds: B integers.
+    batches: a list of (prompt tokens `[B,P]` int32 from `pad_prompts`, prompt lengths `[B]`,
+      seeds: B integers), all of one shape (`batches_of`): a static batch at a time, each batch
+      run to its end before the next starts.
     target, draft, config: as for `jaxspec.generate` (draft None and K=0 for plain decoding).
-    reps: timed runs of the decode and of the prefill (after a first, untimed one); the best.
+    reps: timed sweeps over the batches of the decode and of the prefill (after a first,
+      untimed call); the fastest sweep is kept.
   Returns:
-    dict: batch_size, k, compile_s (the whole decode program), prefill_s (target and draft
-    prefill, compiled apart), ttft_s (prefill + one mean round), tpot_s, e2e_s (the whole
-    decode), tokens_per_s (committed tokens of the batch / e2e),
+    dict: batch_size B, num_batches, k, compile_s (the whole decode program), prefill_s (target
+    and draft prefill of one batch, compiled apart; the mean over batches), ttft_s (a request's
+    time to first token: its batch's prefill plus one mean round; mean over batches), tpot_s
+    (the rest of its batch's decode over the batch's mean answer length minus one; mean over
+    batches), e2e_s (all batches), tokens_per_s (committed tokens of all batches / e2e_s),
     new_tokens, acceptance_rate, mean_accepted_length, target_positions_per_token (window
-    positions the target computed, each round's K + 1 summed, / committed tokens), rounds_by_k
-    and memory (`memory_bytes`).
+    positions the target computed, each round's K + 1 summed, / committed tokens),
+    rounds_by_k, position_acceptance and memory (`memory_bytes` of one batch).
   Raises:
     ValueError: what `generate` raises for bad inputs.
   """
-  keys = row_keys(seeds)
+  keyed = [(tokens, lengths, row_keys(seeds)) for tokens, lengths, seeds in batches]
+  tokens0, lengths0, seeds0 = batches[0]
   statics = dict(target=target, draft=draft, config=config)
   t0 = time.perf_counter()
-  run = compile_generate(params, draft_params, prompt_tokens, prompt_lengths, seeds, **statics)
+  run = compile_generate(params, draft_params, tokens0, lengths0, seeds0, **statics)
   compile_s = time.perf_counter() - t0
-  run(params, draft_params, prompt_tokens, prompt_lengths, keys)  # first-call allocations
-  e2e_s, out = _timed(run, params, draft_params, prompt_tokens, prompt_lengths, keys, reps=reps)
-  prefill = jax.jit(functools.partial(init_state, **statics))
-  prefill(params, draft_params, prompt_tokens, prompt_lengths, keys)  # compile
-  prefill_s, _ = _timed(prefill, params, draft_params, prompt_tokens, prompt_lengths, keys,
-                        reps=reps)
-  s = summarize(out.metrics)
-  b = len(prompt_lengths)
-  per_row = s['new_tokens'] / b
-  rounds = max(int(np.max(np.asarray(out.metrics.target_forward_passes))), 1)  # loop iterations
-  ttft_s = prefill_s + max(e2e_s - prefill_s, 0.0) / rounds
+  decode = lambda tokens, lengths, keys: run(params, draft_params, tokens, lengths, keys)
+  decode(*keyed[0])  # first-call allocations
+  e2e, outs = _timed_batches(decode, keyed, reps)
+  prefill_jit = jax.jit(functools.partial(init_state, **statics))
+  prefill = lambda tokens, lengths, keys: prefill_jit(params, draft_params, tokens, lengths, keys)
+  prefill(*keyed[0])  # compile
+  prefills, _ = _timed_batches(prefill, keyed, reps)
+  ttft, tpot = [], []
+  for e2e_b, prefill_b, out in zip(e2e, prefills, outs):
+    m = jax.tree.map(np.asarray, out.metrics)
+    rounds = max(int(m.target_forward_passes.max()), 1)  # loop iterations
+    ttft.append(prefill_b + max(e2e_b - prefill_b, 0.0) / rounds)
+    per_row = m.new_tokens.sum() / len(m.new_tokens)
+    tpot.append(max(e2e_b - ttft[-1], 0.0) / max(per_row - 1, 1))
+  s = summarize(jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]),
+                             *[out.metrics for out in outs]))
   return dict(
-      batch_size=b, k=config.num_draft_tokens, compile_s=compile_s, prefill_s=prefill_s,
-      ttft_s=ttft_s, tpot_s=max(e2e_s - ttft_s, 0.0) / max(per_row - 1, 1), e2e_s=e2e_s,
-      tokens_per_s=s['new_tokens'] / e2e_s, new_tokens=s['new_tokens'],
-      acceptance_rate=s['acceptance_rate'], mean_accepted_length=s['mean_accepted_length'],
-      rounds_by_k=s['rounds_by_k'],
+      batch_size=len(lengths0), num_batches=len(batches), k=config.num_draft_tokens,
+      compile_s=compile_s, prefill_s=float(np.mean(prefills)), ttft_s=float(np.mean(ttft)),
+      tpot_s=float(np.mean(tpot)), e2e_s=sum(e2e), tokens_per_s=s['new_tokens'] / sum(e2e),
+      new_tokens=s['new_tokens'], acceptance_rate=s['acceptance_rate'],
+      mean_accepted_length=s['mean_accepted_length'], rounds_by_k=s['rounds_by_k'],
+      position_acceptance=s['position_acceptance'],
       target_positions_per_token=(sum(n * (k + 1) for k, n in enumerate(s['rounds_by_k']))
                                   / max(s['new_tokens'], 1)),
-      memory=memory_bytes(params, draft_params, prompt_tokens, prompt_lengths, **statics))
+      memory=memory_bytes(params, draft_params, tokens0, lengths0, **statics))
 
 
 def add_relative(rows: list[dict]) -> None:

@@ -15,8 +15,9 @@ Writes `<out>/benchmark.json`, `<out>/results.md`, and with matplotlib
 (`pip install -e '.[bench]'`) `<out>/speedup_vs_k.png`, `<out>/accepted_length_hist.png`.
 The measuring code is `jaxspec.bench_rounds`.
 
-`--mode operations` is what a server sees: for each batch size (`--batch-sizes`, prompts cycled
-into the batch) plain decoding and each draft, per-request latency (time to first token, time per
+`--mode operations` is what a server sees: the same requests (the selected prompts) served in
+batches of each size (`--batch-sizes`; the last batch filled by repeating requests), plain
+decoding and each draft, per-request latency (time to first token, time per
 output token), throughput over the batch, the memory split (target params, draft params, target
 KV cache, draft KV cache / state, from array sizes), the target's work per committed token
 relative to plain decoding (Leviathan et al. Theorem 3.11, measured), prefill and compile time
@@ -59,9 +60,11 @@ MODES = {
               True: dict(max_new_tokens=48, num_draft_tokens=[3], temperatures=[0.0],
                          num_prompts=4, drafts=list(QUICK_DRAFTS))},
     'operations': {False: dict(max_new_tokens=64, num_draft_tokens=[3], temperatures=[0.0],
-                               batch_sizes=[1, 2, 4, 8, 16, 32], drafts=list(DRAFTS)),
+                               batch_sizes=[1, 2, 4, 8, 16, 32], drafts=list(DRAFTS),
+                               repeats=3),
                    True: dict(max_new_tokens=32, num_draft_tokens=[3], temperatures=[0.0],
-                              batch_sizes=[1, 4, 16], drafts=list(QUICK_DRAFTS))},
+                              batch_sizes=[1, 4, 16], drafts=list(QUICK_DRAFTS), repeats=1,
+                              num_prompts=4)},
 }
 
 
@@ -72,8 +75,8 @@ def _parse(argv=None):
                  '3.8;\noperations: batch sizes 1..32, latency, throughput, memory, target work')
   p.add_argument('--quick', action='store_true',
                  help='speed: K=3, T=0, 4 prompts (unless --num-prompts), 48 new tokens, drafts '
-                 'ngram,exit_trained,eagle;\noperations: batch sizes 1,4,16, 32 new tokens, the '
-                 'same drafts')
+                 'ngram,exit_trained,eagle;\noperations: batch sizes 1,4,16, 4 requests (unless '
+                 '--num-prompts), 32 new tokens, one timed sweep, the same drafts')
   cli.add_model_flags(p, dtype=False)
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
   p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
@@ -86,6 +89,9 @@ def _parse(argv=None):
                  help='comma-separated list; default: speed 0,1 (quick 0), operations 0')
   p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=None,
                  help='operations: comma-separated; default 1,2,4,8,16,32 (quick 1,4,16)')
+  p.add_argument('--repeats', type=cli.positive_int, default=None,
+                 help='operations: timed sweeps over the requests per configuration, the '
+                 'fastest kept; default 3 (quick 1)')
   p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=None,
                  help=f'comma-separated, from {",".join(DRAFTS)}; default: all (speed --quick: '
                  f'{",".join(QUICK_DRAFTS)})')
@@ -102,6 +108,8 @@ def _parse(argv=None):
   p.add_argument('--out', default='runs/benchmark')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
+  if args.mode == 'speed' and args.repeats is not None:
+    p.error('--repeats applies to --mode operations only')
   for name, value in MODES[args.mode][args.quick].items():
     if getattr(args, name) in (None, 0):
       setattr(args, name, value)
@@ -319,13 +327,15 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
   """The operations mode: every batch size, plain and each draft (`jaxspec.operations`)."""
   del gguf_path
   tokens, lengths = js.pad_prompts(prompt_ids, tok.pad_id, bucket=64)  # one P for every batch
+  seeds = args.seed * 1000 + np.arange(len(rows))  # a request keeps its seed at every B
   k, temp = args.num_draft_tokens[0], args.temperatures[0]
-  print(f'operations: {len(rows)} prompts cycled into batches {args.batch_sizes} (padded to '
-        f'{tokens.shape[1]} tokens), {args.max_new_tokens} new tokens, K={k}, T={temp:g}, '
-        f'drafts {list(drafts)}', flush=True)
+  print(f'operations: {len(rows)} requests (padded to {tokens.shape[1]} tokens) served in '
+        f'batches of {args.batch_sizes} (the last batch filled by repeating requests), '
+        f'{args.max_new_tokens} new tokens, K={k}, T={temp:g}, drafts {list(drafts)}',
+        flush=True)
   results = []
   for b in args.batch_sizes:
-    idx = np.arange(b) % len(rows)
+    batches = operations.batches_of(tokens, lengths, seeds, b)
     methods = [('plain', None, None)] + [(f'{n} {how}', d, dp) for n, (d, dp) in drafts.items()
                                          for how in ('K=%d' % k, 'auto')]
     for name, draft, dparams in methods:
@@ -335,15 +345,14 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
                                eos_id=tok.eos_id, pad_id=tok.pad_id)
       if name.endswith(' auto'):  # K in 0..K chosen per round, costs measured on this batch
         config = dataclasses.replace(config, schedule=js.measured_cost_model(
-            params, dparams, tokens[idx], lengths[idx], np.arange(b), target=target,
-            draft=draft, config=config))
-      r = operations.measure(params, dparams, tokens[idx], lengths[idx],
-                             args.seed * 1000 + np.arange(b), target=target, draft=draft,
-                             config=config, reps=1 if args.quick else 3)
+            params, dparams, *batches[0], target=target, draft=draft, config=config))
+      r = operations.measure(params, dparams, batches, target=target, draft=draft,
+                             config=config, reps=1 if args.quick else args.repeats)
       results.append(dict(method=name, temperature=temp, **r))
       _write_json(args, rows, results, {})  # so far, in case the run is cut short
-      print(f"B={b} {name}: {r['tokens_per_s']:.1f} tok/s, TTFT {1e3 * r['ttft_s']:.0f} ms, "
-            f"TPOT {1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
+      print(f"B={b} ({r['num_batches']} batches) {name}: {r['tokens_per_s']:.1f} tok/s, accept "
+            f"{r['acceptance_rate']:.3f}, TTFT {1e3 * r['ttft_s']:.0f} ms, TPOT "
+            f"{1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
   operations.add_relative(results)
   stops = operations.stops_paying(results)
   text = '\n\n'.join([f'command: {" ".join(sys.argv)}', _ops_table(results),

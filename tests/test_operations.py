@@ -19,9 +19,9 @@ def _measure(draft, dparams, k, batch):
                            sampling=js.SamplingConfig(temperature=0))
   target = llama.LlamaForward(config)
   draft_params = params if dparams == 'target' else dparams
-  return config, params, operations.measure(params, draft_params, tokens, lengths,
-                                            np.arange(batch), target=target, draft=draft,
-                                            config=decode)
+  return config, params, operations.measure(params, draft_params,
+                                            [(tokens, lengths, np.arange(batch))],
+                                            target=target, draft=draft, config=decode)
 
 
 def test_plain_memory_split_and_work():
@@ -46,6 +46,34 @@ def test_draft_model_adds_its_params_and_cache():
                                                            num_layers=1),
                                         shares_target_cache=True), 'target', 2, 1)
   assert shared['memory']['draft_params'] == 0 and shared['memory']['draft_state'] == 0
+
+
+def test_every_batch_size_serves_the_same_requests():
+  tokens = np.arange(5)[:, None] * np.ones((5, 3), np.int32)
+  lengths, seeds = np.full(5, 3), 100 + np.arange(5)
+  for b, rows in [(1, [[0], [1], [2], [3], [4]]), (2, [[0, 1], [2, 3], [4, 0]]),
+                  (5, [[0, 1, 2, 3, 4]]), (8, [[0, 1, 2, 3, 4, 0, 1, 2]])]:
+    batches = operations.batches_of(tokens, lengths, seeds, b)
+    assert [bt[:, 0].tolist() for bt, _, _ in batches] == rows
+    assert [s.tolist() for _, _, s in batches] == [[100 + i for i in r] for r in rows]
+
+
+def test_batches_add_up():
+  """Two batches of one request each: the totals are the sum of the batches' (one batch of the
+  same two requests commits the same tokens, greedy)."""
+  config = llama.LlamaConfig.tiny()
+  params = llama.init_params(config, jax.random.key(0))
+  tokens, lengths = js.pad_prompts([[1, 2, 3, 1, 2, 3], [4, 5, 6]], bucket=8)
+  decode = js.DecodeConfig(num_draft_tokens=2, max_new_tokens=8,
+                           sampling=js.SamplingConfig(temperature=0))
+  run = lambda b: operations.measure(
+      params, params, operations.batches_of(tokens, lengths, np.arange(2), b),
+      target=llama.LlamaForward(config), draft=js.NGramDraft(), config=decode, reps=1)
+  one, two = run(1), run(2)
+  assert one['num_batches'] == 2 and two['num_batches'] == 1
+  assert one['new_tokens'] == two['new_tokens'] == 16
+  assert one['rounds_by_k'] == two['rounds_by_k']
+  assert one['acceptance_rate'] == two['acceptance_rate']
 
 
 def test_stops_paying():
