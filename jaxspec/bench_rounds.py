@@ -195,7 +195,9 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
   Returns:
     name -> dict: tok_s (committed tokens / summed best seconds), seconds, compile_s,
     new_tokens, acceptance, tokens_per_pass, position_acceptance (per drafted position, None
-    where never examined), rounds_by_k, tokens (every row's generated ids, batches in order).
+    where never examined), rounds_by_k, tokens (every row's generated ids, batches in order),
+    and per batch: batch_seconds (its best), batch_rounds (loop iterations: the most target
+    passes of a row), batch_new_tokens.
   """
   compiled = {}
   for name, (draft, dp, config) in methods.items():
@@ -212,12 +214,12 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
         out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))
         best[name][i], outs[name][i] = min(best[name][i], s), out
-  return {name: _method_summary(outs[name], sum(best[name]), compiled[name][1])
-          for name in methods}
+  return {name: _method_summary(outs[name], best[name], compiled[name][1]) for name in methods}
 
 
-def _method_summary(outs, seconds, compile_s):
+def _method_summary(outs, batch_seconds, compile_s):
   metrics = [summarize(o.metrics) for o in outs]
+  seconds = sum(batch_seconds)
   total = lambda key: sum(m[key] for m in metrics)
   reached, accepted = (sum(np.asarray(getattr(o.metrics, f)).sum(0) for o in outs)
                        for f in ('position_reached', 'position_accepted'))
@@ -229,7 +231,11 @@ def _method_summary(outs, seconds, compile_s):
           'position_acceptance': [round(float(x / n), 3) if n else None
                                   for x, n in zip(accepted, reached)],
           'rounds_by_k': np.sum([m['rounds_by_k'] for m in metrics], axis=0).tolist(),
-          'tokens': [t for o in outs for t in o.new_tokens()]}
+          'tokens': [t for o in outs for t in o.new_tokens()],
+          'batch_seconds': list(batch_seconds),
+          'batch_rounds': [max(int(np.max(np.asarray(o.metrics.target_forward_passes))), 1)
+                           for o in outs],
+          'batch_new_tokens': [m['new_tokens'] for m in metrics]}
 
 
 def _blocked(out):

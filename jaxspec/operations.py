@@ -23,14 +23,13 @@ mean answer length minus one.
 from __future__ import annotations
 
 import functools
-import time
 
 import jax
 import numpy as np
 
+from jaxspec import bench, bench_rounds
 from jaxspec.bench import nbytes, own_param_bytes
-from jaxspec.loop import DecodeConfig, compile_generate, init_state
-from jaxspec.metrics import summarize
+from jaxspec.loop import DecodeConfig, init_state
 from jaxspec.noise import row_keys
 
 
@@ -62,76 +61,61 @@ def batches_of(prompt_tokens, prompt_lengths, seeds, batch_size: int) -> list[tu
   return out
 
 
-def _timed_batches(fn, batches, reps: int):
-  """Runs `fn(batch)` over every batch, `reps` times; returns (per-batch seconds of the fastest
-  sweep, its outputs). On a shared machine the best sweep is closest to the uncontended cost."""
-  best, best_times, outs = float('inf'), None, None
-  for _ in range(reps):
-    times, results = [], []
-    for b in batches:
-      t0 = time.perf_counter()
-      results.append(jax.block_until_ready(fn(*b)))
-      times.append(time.perf_counter() - t0)
-    if sum(times) < best:
-      best, best_times, outs = sum(times), times, results
-  return best_times, outs
-
-
-def measure(params, draft_params, batches, *, target, draft, config: DecodeConfig,
-            reps: int = 3) -> dict:
-  """A set of requests decoded in batches with one configuration, for the operations table.
+def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
+  """A set of requests decoded in batches with each method, for the operations table. The
+  decodes are timed by `jaxspec.bench_rounds.time_methods` (every method compiled first, then
+  interleaved: each sweep runs every method on every batch in turn, so a burst of load on a
+  shared machine hits all of them alike; a method's time on a batch is its best), the prefill
+  likewise (`jaxspec.bench.timed_together`, on the first batch).
 
   Args:
+    params: the target's params; target: its `Model`.
     batches: a list of (prompt tokens `[B,P]` int32 from `pad_prompts`, prompt lengths `[B]`,
       seeds: B integers), all of one shape (`batches_of`): a static batch at a time, each batch
       run to its end before the next starts.
-    target, draft, config: as for `jaxspec.generate` (draft None and K=0 for plain decoding).
-    reps: timed sweeps over the batches of the decode and of the prefill (after a first,
-      untimed call); the fastest sweep is kept.
+    methods: name -> (draft or None, draft params, `DecodeConfig`) (K=0 and no draft: plain).
+    reps: timed sweeps (after a first, untimed call).
   Returns:
-    dict: batch_size B, num_batches, k, compile_s (the whole decode program), prefill_s (target
-    and draft prefill of one batch, compiled apart; the mean over batches), ttft_s (a request's
-    time to first token: its batch's prefill plus one mean round; mean over batches), tpot_s
-    (the rest of its batch's decode over the batch's mean answer length minus one; mean over
-    batches), e2e_s (all batches), tokens_per_s (committed tokens of all batches / e2e_s),
-    new_tokens, acceptance_rate, mean_accepted_length, target_positions_per_token (window
-    positions the target computed, each round's K + 1 summed, / committed tokens),
-    rounds_by_k, position_acceptance and memory (`memory_bytes` of one batch).
+    name -> dict: batch_size B, num_batches, k, compile_s (the whole decode program), prefill_s
+    (target and draft prefill of one batch, compiled apart), ttft_s (a request's time to first
+    token: its batch's prefill plus one mean round; mean over batches), tpot_s (the rest of its
+    batch's decode over the batch's mean answer length minus one; mean over batches), e2e_s
+    (all batches), tokens_per_s (committed tokens of all batches / e2e_s), new_tokens,
+    acceptance_rate, mean_accepted_length, target_positions_per_token (window positions the
+    target computed, each round's K + 1 summed, / committed tokens), rounds_by_k,
+    position_acceptance and memory (`memory_bytes` of one batch).
   Raises:
     ValueError: what `generate` raises for bad inputs.
   """
-  keyed = [(tokens, lengths, row_keys(seeds)) for tokens, lengths, seeds in batches]
+  runs = bench_rounds.time_methods(params, batches, methods, target=target, repeats=reps)
   tokens0, lengths0, seeds0 = batches[0]
-  statics = dict(target=target, draft=draft, config=config)
-  t0 = time.perf_counter()
-  run = compile_generate(params, draft_params, tokens0, lengths0, seeds0, **statics)
-  compile_s = time.perf_counter() - t0
-  decode = lambda tokens, lengths, keys: run(params, draft_params, tokens, lengths, keys)
-  decode(*keyed[0])  # first-call allocations
-  e2e, outs = _timed_batches(decode, keyed, reps)
-  prefill_jit = jax.jit(functools.partial(init_state, **statics))
-  prefill = lambda tokens, lengths, keys: prefill_jit(params, draft_params, tokens, lengths, keys)
-  prefill(*keyed[0])  # compile
-  prefills, _ = _timed_batches(prefill, keyed, reps)
-  ttft, tpot = [], []
-  for e2e_b, prefill_b, out in zip(e2e, prefills, outs):
-    m = jax.tree.map(np.asarray, out.metrics)
-    rounds = max(int(m.target_forward_passes.max()), 1)  # loop iterations
-    ttft.append(prefill_b + max(e2e_b - prefill_b, 0.0) / rounds)
-    per_row = m.new_tokens.sum() / len(m.new_tokens)
-    tpot.append(max(e2e_b - ttft[-1], 0.0) / max(per_row - 1, 1))
-  s = summarize(jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]),
-                             *[out.metrics for out in outs]))
-  return dict(
-      batch_size=len(lengths0), num_batches=len(batches), k=config.num_draft_tokens,
-      compile_s=compile_s, prefill_s=float(np.mean(prefills)), ttft_s=float(np.mean(ttft)),
-      tpot_s=float(np.mean(tpot)), e2e_s=sum(e2e), tokens_per_s=s['new_tokens'] / sum(e2e),
-      new_tokens=s['new_tokens'], acceptance_rate=s['acceptance_rate'],
-      mean_accepted_length=s['mean_accepted_length'], rounds_by_k=s['rounds_by_k'],
-      position_acceptance=s['position_acceptance'],
-      target_positions_per_token=(sum(n * (k + 1) for k, n in enumerate(s['rounds_by_k']))
-                                  / max(s['new_tokens'], 1)),
-      memory=memory_bytes(params, draft_params, tokens0, lengths0, **statics))
+  keys0 = row_keys(seeds0)
+  prefills = {}
+  for name, (draft, dparams, config) in methods.items():
+    fn = jax.jit(functools.partial(init_state, target=target, draft=draft, config=config))
+    prefills[name] = (fn, (params, dparams, tokens0, lengths0, keys0))
+  prefill_s = bench.timed_together(prefills, reps=reps)
+  rows = len(lengths0)
+  out = {}
+  for name, (draft, dparams, config) in methods.items():
+    r = runs[name]
+    ttft, tpot = [], []
+    for e2e_b, rounds, new in zip(r['batch_seconds'], r['batch_rounds'],
+                                  r['batch_new_tokens']):
+      ttft.append(prefill_s[name] + max(e2e_b - prefill_s[name], 0.0) / rounds)
+      tpot.append(max(e2e_b - ttft[-1], 0.0) / max(new / rows - 1, 1))
+    out[name] = dict(
+        batch_size=rows, num_batches=len(batches), k=config.num_draft_tokens,
+        compile_s=r['compile_s'], prefill_s=prefill_s[name], ttft_s=float(np.mean(ttft)),
+        tpot_s=float(np.mean(tpot)), e2e_s=r['seconds'], tokens_per_s=r['tok_s'],
+        new_tokens=r['new_tokens'], acceptance_rate=r['acceptance'],
+        mean_accepted_length=r['tokens_per_pass'], rounds_by_k=r['rounds_by_k'],
+        position_acceptance=r['position_acceptance'],
+        target_positions_per_token=(sum(n * (k + 1) for k, n in enumerate(r['rounds_by_k']))
+                                    / max(r['new_tokens'], 1)),
+        memory=memory_bytes(params, dparams, tokens0, lengths0, target=target, draft=draft,
+                            config=config))
+  return out
 
 
 def add_relative(rows: list[dict]) -> None:

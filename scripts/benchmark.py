@@ -34,7 +34,6 @@ apart, and the batch size where speculation stops paying, per draft. Writes
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -134,9 +133,7 @@ def run_config(params, target, tok, prompts, entry, k, temperature, args, kinds)
   """`jaxspec.bench_rounds.decode_each` with one configuration, plus the MB the draft adds
   (its own params and KV cache at batch 1)."""
   draft, dparams = entry or (None, None)
-  config = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                           sampling=js.SamplingConfig(temperature=temperature),
-                           eos_id=tok.eos_id, pad_id=tok.pad_id)
+  config = _config(args, tok, k, temperature)
   r = bench_rounds.decode_each(params, dparams, prompts, kinds, target=target, draft=draft,
                                config=config, seed=args.seed)
   buffer_len = js.buffer_length(prompts[0].shape[1], args.max_new_tokens, k)
@@ -336,23 +333,21 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
   results = []
   for b in args.batch_sizes:
     batches = operations.batches_of(tokens, lengths, seeds, b)
-    methods = [('plain', None, None)] + [(f'{n} {how}', d, dp) for n, (d, dp) in drafts.items()
-                                         for how in ('K=%d' % k, 'auto')]
-    for name, draft, dparams in methods:
-      config = js.DecodeConfig(num_draft_tokens=0 if draft is None else k,
-                               max_new_tokens=args.max_new_tokens,
-                               sampling=js.SamplingConfig(temperature=temp),
-                               eos_id=tok.eos_id, pad_id=tok.pad_id)
-      if name.endswith(' auto'):  # K in 0..K chosen per round, costs measured on this batch
-        config = dataclasses.replace(config, schedule=js.measured_cost_model(
-            params, dparams, *batches[0], target=target, draft=draft, config=config))
-      r = operations.measure(params, dparams, batches, target=target, draft=draft,
-                             config=config, reps=1 if args.quick else args.repeats)
+    methods = {'plain': (None, None, _config(args, tok, 0, temp))}
+    for n, (draft, dparams) in drafts.items():
+      methods[f'{n} K={k}'] = (draft, dparams, _config(args, tok, k, temp))
+      # K in 0..K chosen per round inside the loop, round costs measured on this batch size
+      auto = js.measured_cost_model(params, dparams, *batches[0], target=target, draft=draft,
+                                    config=_config(args, tok, k, temp))
+      methods[f'{n} auto'] = (draft, dparams, _config(args, tok, k, temp, schedule=auto))
+    runs = operations.measure(params, batches, methods, target=target,
+                              reps=1 if args.quick else args.repeats)
+    for name, r in runs.items():
       results.append(dict(method=name, temperature=temp, **r))
-      _write_json(args, rows, results, {})  # so far, in case the run is cut short
       print(f"B={b} ({r['num_batches']} batches) {name}: {r['tokens_per_s']:.1f} tok/s, accept "
             f"{r['acceptance_rate']:.3f}, TTFT {1e3 * r['ttft_s']:.0f} ms, TPOT "
             f"{1e3 * r['tpot_s']:.1f} ms (compile {r['compile_s']:.1f} s)", flush=True)
+    _write_json(args, rows, results, {})  # so far, in case the run is cut short
   operations.add_relative(results)
   stops = operations.stops_paying(results)
   text = '\n\n'.join([f'command: {" ".join(sys.argv)}', _ops_table(results),
@@ -365,6 +360,12 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
     _ops_plots(results, args)
   print(f'wrote {args.out}/operations.json, operations.md'
         + (', latency_vs_throughput.png, speedup_vs_batch.png' if plots else ''))
+
+
+def _config(args, tok, k, temperature, **kw):
+  return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
+                         sampling=js.SamplingConfig(temperature=temperature), eos_id=tok.eos_id,
+                         pad_id=tok.pad_id, **kw)
 
 
 def _write_json(args, rows, results, stops):

@@ -3,6 +3,8 @@ shapes, plain decoding does one target position per committed token, a draft wit
 adds its params and KV cache, and `stops_paying` names the batch size from which a draft stays
 below plain decoding."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -19,9 +21,9 @@ def _measure(draft, dparams, k, batch):
                            sampling=js.SamplingConfig(temperature=0))
   target = llama.LlamaForward(config)
   draft_params = params if dparams == 'target' else dparams
-  return config, params, operations.measure(params, draft_params,
-                                            [(tokens, lengths, np.arange(batch))],
-                                            target=target, draft=draft, config=decode)
+  runs = operations.measure(params, [(tokens, lengths, np.arange(batch))],
+                            {'m': (draft, draft_params, decode)}, target=target, reps=1)
+  return config, params, runs['m']
 
 
 def test_plain_memory_split_and_work():
@@ -67,13 +69,18 @@ def test_batches_add_up():
   decode = js.DecodeConfig(num_draft_tokens=2, max_new_tokens=8,
                            sampling=js.SamplingConfig(temperature=0))
   run = lambda b: operations.measure(
-      params, params, operations.batches_of(tokens, lengths, np.arange(2), b),
-      target=llama.LlamaForward(config), draft=js.NGramDraft(), config=decode, reps=1)
-  one, two = run(1), run(2)
-  assert one['num_batches'] == 2 and two['num_batches'] == 1
-  assert one['new_tokens'] == two['new_tokens'] == 16
-  assert one['rounds_by_k'] == two['rounds_by_k']
-  assert one['acceptance_rate'] == two['acceptance_rate']
+      params, operations.batches_of(tokens, lengths, np.arange(2), b),
+      {'plain': (None, None, dataclasses.replace(decode, num_draft_tokens=0)),
+       'ngram': (js.NGramDraft(), None, decode)}, target=llama.LlamaForward(config), reps=1)
+  by_one, by_two = run(1), run(2)
+  for name in ('plain', 'ngram'):
+    one, two = by_one[name], by_two[name]
+    assert one['num_batches'] == 2 and two['num_batches'] == 1
+    assert one['new_tokens'] == two['new_tokens'] == 16
+    assert one['rounds_by_k'] == two['rounds_by_k']
+    assert one['acceptance_rate'] == two['acceptance_rate']
+    assert one['e2e_s'] > 0 and one['ttft_s'] >= one['prefill_s'] > 0
+  assert by_one['plain']['target_positions_per_token'] == 1.0
 
 
 def test_stops_paying():
