@@ -405,11 +405,12 @@ def _ops_plots(results, args):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   methods = sorted({r['method'] for r in results}, key=lambda m: (m != 'plain', m))
+  color = {name: f'C{i}' for i, name in enumerate(methods)}  # one color a method in both plots
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for name in methods:
     rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
     ax.plot([r['tokens_per_s'] for r in rows], [1e3 * r['tpot_s'] for r in rows], 'o-',
-            label=name)
+            label=name, color=color[name])
     for r in rows:
       ax.annotate(str(r['batch_size']), (r['tokens_per_s'], 1e3 * r['tpot_s']), fontsize=7)
   ax.set(title='latency vs throughput (labels: batch size)', xlabel='tokens/s (batch)',
@@ -420,7 +421,8 @@ def _ops_plots(results, args):
   fig, ax = plt.subplots(figsize=(6, 4))
   for name in methods[1:]:
     rows = sorted((r for r in results if r['method'] == name), key=lambda r: r['batch_size'])
-    ax.plot([r['batch_size'] for r in rows], [r['speedup'] for r in rows], 'o-', label=name)
+    ax.plot([r['batch_size'] for r in rows], [r['speedup'] for r in rows], 'o-', label=name,
+            color=color[name])
   ax.axhline(1.0, color='gray', lw=0.8)
   ax.set(title='speedup vs batch size', xlabel='batch size', xscale='log',
          ylabel='throughput / plain throughput')
