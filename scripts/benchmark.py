@@ -54,16 +54,17 @@ PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
 QUICK_DRAFTS = ('ngram', 'exit_trained', 'eagle')
 # Per mode, the defaults of the flags left unset: {quick: {flag: value}}.
 MODES = {
-    'speed': {False: dict(max_new_tokens=128, num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8],
-                          temperatures=[0.0, 1.0], drafts=list(DRAFTS)),
-              True: dict(max_new_tokens=48, num_draft_tokens=[3], temperatures=[0.0],
-                         num_prompts=4, drafts=list(QUICK_DRAFTS))},
-    'operations': {False: dict(max_new_tokens=64, num_draft_tokens=[3], temperatures=[0.0],
-                               batch_sizes=[1, 2, 4, 8, 16, 32], drafts=list(DRAFTS),
-                               repeats=3),
-                   True: dict(max_new_tokens=32, num_draft_tokens=[3], temperatures=[0.0],
-                              batch_sizes=[1, 4, 16], drafts=list(QUICK_DRAFTS), repeats=1,
-                              num_prompts=4)},
+    'speed': {False: dict(out='runs/benchmark', max_new_tokens=128,
+                          num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8], temperatures=[0.0, 1.0],
+                          drafts=list(DRAFTS)),
+              True: dict(out='runs/benchmark', max_new_tokens=48, num_draft_tokens=[3],
+                         temperatures=[0.0], num_prompts=4, drafts=list(QUICK_DRAFTS))},
+    'operations': {False: dict(out='runs/operations', max_new_tokens=64, num_draft_tokens=[3],
+                               temperatures=[0.0], batch_sizes=[1, 2, 4, 8, 16, 32],
+                               drafts=list(DRAFTS), repeats=3),
+                   True: dict(out='runs/operations', max_new_tokens=32, num_draft_tokens=[3],
+                              temperatures=[0.0], batch_sizes=[1, 4, 16],
+                              drafts=list(QUICK_DRAFTS), repeats=1, num_prompts=4)},
 }
 
 
@@ -104,7 +105,9 @@ def _parse(argv=None):
                  help='a python with transformers (e.g. .venv-ref/bin/python); none = skip')
   p.add_argument('--hf-drafts', default='runs/hf_exit,runs/hf_small',
                  help='comma-separated exported HF drafts for assisted generation')
-  p.add_argument('--out', default='runs/benchmark')
+  p.add_argument('--out', default=None,
+                 help='folder for the tables, JSON and plots; default runs/benchmark (operations: '
+                 'runs/operations)')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
   if args.mode == 'speed' and args.repeats is not None:
