@@ -26,9 +26,9 @@ apart, and the batch size where speculation stops paying, per draft. Writes
 `<out>/latency_vs_throughput.png`, `<out>/speedup_vs_batch.png`. The measuring code is
 `jaxspec.operations`.
 
-  .venv/bin/python scripts/benchmark.py --quick   # 4 CPU-minutes; 5.8 min wall here, shared
+  .venv/bin/python scripts/benchmark.py --quick   # 2.5 min on 2 quiet cores
   .venv/bin/python scripts/benchmark.py --peers-python .venv-ref/bin/python   # the full run
-  .venv/bin/python scripts/benchmark.py --mode operations [--quick] --out runs/operations
+  .venv/bin/python scripts/benchmark.py --mode operations --quick   # 21 min here: 21 compiles
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _parse(argv=None):
                  help='operations: timed sweeps over the requests per configuration, the '
                  'fastest kept; default 3 (quick 1)')
   p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=None,
-                 help=f'comma-separated, from {",".join(DRAFTS)}; default: all (speed --quick: '
+                 help=f'comma-separated, from {",".join(DRAFTS)}; default: all (--quick: '
                  f'{",".join(QUICK_DRAFTS)})')
   p.add_argument('--untrained-exit-layer', type=cli.positive_int, default=8,
                  help='exit_untrained: the target\'s first N layers and its head')
@@ -205,9 +205,9 @@ def _plots(results, args):
                         label=name)
         if 'predicted_speedup_measured_cost' in rows[0]:
           ax.plot([r['k'] for r in rows], [r['predicted_speedup_measured_cost'] for r in rows],
-                  '--', color=line.get_color(), alpha=0.6)
+                  'x--', color=line.get_color(), alpha=0.6)  # a marker: one K shows too
     ax.axhline(1.0, color='gray', lw=0.8)
-    ax.set(title=f'temperature {temp:g} (dashed: predicted)', xlabel='K (drafted tokens)',
+    ax.set(title=f'temperature {temp:g} (x, dashed: predicted)', xlabel='K (drafted tokens)',
            ylabel='speedup over plain decoding')
     ax.legend()
   fig.tight_layout()
@@ -221,7 +221,9 @@ def _plots(results, args):
             and r['k'] == k_max]
     if rows:
       h = np.asarray(rows[0]['accepted_length_histogram'], float)
-      ax.bar(np.arange(len(h)) + j * width, h / h.sum(), width, label=name)
+      ax.bar(np.arange(len(h)) + (j - (len(names) - 1) / 2) * width, h / h.sum(), width,
+             label=name)  # the group of bars centred on its count
+  ax.set_xticks(np.arange(k_max + 1))
   ax.set(title=f'accepted drafted tokens per round (K={k_max}, T={temps[0]:g})',
          xlabel='accepted tokens', ylabel='fraction of rounds')
   ax.legend()
@@ -285,6 +287,8 @@ def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path
       r['verify_round_s'] = parts['verify_s'][r['k']]
       r['overhead_round_s'] = r['round_s'] - r['draft_round_s'] - r['verify_round_s']
   theory = bench_rounds.add_theory(results, parts, plain_tps)
+  if not args.peers_python:
+    print('no --peers-python: the transformers comparison is skipped (x HF greedy: nan)')
   peers = run_peers(args, prompt_ids, tok, gguf_path) if args.peers_python else []
   hf_greedy = next((p['tokens_per_s'] for p in peers if p['method'] == 'greedy'), None)
   for p in peers:
@@ -312,7 +316,7 @@ def _speed_report(args, rows, results, parts, theory, peers, hf_greedy, plots):
   text = '\n\n'.join([f'command: {" ".join(sys.argv)}', table, '\n'.join(breakdown), summary])
   print(text)
   with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as f:
-    f.write(text)
+    f.write(text + '\n')
   with open(os.path.join(args.out, 'benchmark.json'), 'w', encoding='utf-8') as f:
     json.dump(dict(args=vars(args), prompts=[r['prompt'] for r in rows], results=results,
                    parts={k: v for k, v in parts.items()}, theory=theory, peers=peers,
@@ -340,9 +344,12 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
     for n, (draft, dparams) in drafts.items():
       methods[f'{n} K={k}'] = (draft, dparams, _config(args, tok, k, temp))
       # K in 0..K chosen per round inside the loop, round costs measured on this batch size
+      print(f'B={b}: measuring the round cost of each K for {n} auto', flush=True)
       auto = js.measured_cost_model(params, dparams, *batches[0], target=target, draft=draft,
                                     config=_config(args, tok, k, temp))
       methods[f'{n} auto'] = (draft, dparams, _config(args, tok, k, temp, schedule=auto))
+    print(f'B={b}: compiling {len(methods)} methods, then timing them interleaved over '
+          f'{len(batches)} batch(es)', flush=True)
     runs = operations.measure(params, batches, methods, target=target,
                               reps=1 if args.quick else args.repeats)
     for name, r in runs.items():
