@@ -34,6 +34,7 @@ apart, and the batch size where speculation stops paying, per draft. Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -337,21 +338,21 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
         f'batches of {args.batch_sizes} (the last batch filled by repeating requests), '
         f'{args.max_new_tokens} new tokens, K={k}, T={temp:g}, drafts {list(drafts)}',
         flush=True)
+  plain, fixed = _config(args, tok, 0, temp), _config(args, tok, k, temp)
   results = []
   for b in args.batch_sizes:
     batches = operations.batches_of(tokens, lengths, seeds, b)
-    methods = {'plain': (None, None, _config(args, tok, 0, temp))}
+    methods = {'plain': (None, None, plain)}
     for n, (draft, dparams) in drafts.items():
-      methods[f'{n} K={k}'] = (draft, dparams, _config(args, tok, k, temp))
+      methods[f'{n} K={k}'] = (draft, dparams, fixed)
       # K in 0..K chosen per round inside the loop, round costs measured on this batch size
       print(f'B={b}: measuring the round cost of each K for {n} auto', flush=True)
       auto = js.measured_cost_model(params, dparams, *batches[0], target=target, draft=draft,
-                                    config=_config(args, tok, k, temp))
-      methods[f'{n} auto'] = (draft, dparams, _config(args, tok, k, temp, schedule=auto))
+                                    config=fixed)
+      methods[f'{n} auto'] = (draft, dparams, dataclasses.replace(fixed, schedule=auto))
     print(f'B={b}: compiling {len(methods)} methods, then timing them interleaved over '
           f'{len(batches)} batch(es)', flush=True)
-    runs = operations.measure(params, batches, methods, target=target,
-                              reps=1 if args.quick else args.repeats)
+    runs = operations.measure(params, batches, methods, target=target, reps=args.repeats)
     for name, r in runs.items():
       results.append(dict(method=name, temperature=temp, **r))
       print(f"B={b} ({r['num_batches']} batches) {name}: {r['tokens_per_s']:.1f} tok/s, accept "
