@@ -24,7 +24,9 @@ cpu_verify.md: at one row the streaming form is ~20% faster here than XLA's one-
 streams on one core). The invariant mode takes the tile form at every row count, so a row gets
 the same bits alone as in a window. Gradients use XLA matmuls (`jax.custom_vjp`). `matmul_nt` is
 the same for weights stored (out, in), such as a tied embedding, except at one row, where XLA's
-`x @ w.T` already streams on both cores.
+`x @ w.T` already streams on both cores; its streaming form for 2 to `STREAM_NK_MAX_ROWS` (16) rows
+(`jaxspec_matmul_nk_stream`) reads w's rows in order, 4 at a time, for all rows of x, each
+output 16 lane-wise fma chains summed by a fixed tree (a row's bits do not depend on the others).
 
 `attention_scores` and `attention_mix` are the two cache products of grouped-query attention
 (`'BTMGH,BSMH->BMGTS'` and `'BMGTS,BSMH->BTMGH'`), which XLA:CPU runs as B*M separate small
@@ -56,10 +58,12 @@ from models import kernel_sources
 MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
 STREAM_TARGET = 'jaxspec_matmul_kn_stream'
+STREAM_NK_TARGET = 'jaxspec_matmul_nk_stream'
 STREAM_MAX_ROWS = 8
+STREAM_NK_MAX_ROWS = 16
 # FFI target name -> exported handler symbol of the extension.
 _TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',
-            STREAM_TARGET: 'JaxspecStreamKN',
+            STREAM_TARGET: 'JaxspecStreamKN', STREAM_NK_TARGET: 'JaxspecStreamNK',
             'jaxspec_matmul_kn_bf16': 'JaxspecMatmulKNBf16',
             'jaxspec_matmul_nk_bf16': 'JaxspecMatmulNKBf16',
             'jaxspec_attn_scores': 'JaxspecAttnScores',
@@ -237,10 +241,20 @@ def _small_rows_nk_bwd(res, g_RN):
 _small_rows_nk.defvjp(lambda x, w: (_small_rows_nk(x, w), (x, w)), _small_rows_nk_bwd)
 
 
+@jax.custom_vjp
+def _streamed_nk(x_RK, w_NK):
+  kernel = lambda x, w: _ffi(STREAM_NK_TARGET, (x.shape[0], w.shape[0]), x, w)
+  return jax.lax.platform_dependent(x_RK, w_NK, cpu=kernel, default=lambda x, w: x @ w.T)
+
+
+_streamed_nk.defvjp(lambda x, w: (_streamed_nk(x, w), (x, w)), _small_rows_nk_bwd)
+
+
 def matmul_nt(x: jax.Array, w_NK: jax.Array, invariant: bool = False) -> jax.Array:
   """`x [..., K] @ w[N, K].T -> [..., N]` for weights stored (out, in), like a tied embedding
   `[V, D]`: one row (not invariant) is XLA's `x @ w.T`, which streams w on both cores (~30 GB/s
-  here against ~21 for the kernel and the einsum below); more rows take the kernel where
+  here against ~21 for the tile kernel and the einsum below); 2 to `STREAM_NK_MAX_ROWS` rows (not
+  invariant) the kernel's streaming NK form; more rows, or the invariant mode, the tile kernel where
   `uses_kernel(x, w.T)` would hold, else XLA's `einsum('NK,...K->N...')` moved back (N leading:
   XLA:CPU runs that 3-4x faster for several rows than `x @ w.T`). Raises ValueError if x's last
   dimension is not w's second (from XLA)."""
@@ -250,7 +264,9 @@ def matmul_nt(x: jax.Array, w_NK: jax.Array, invariant: bool = False) -> jax.Arr
   if not uses_kernel(x, w_NK.T, invariant):
     return jnp.moveaxis(jnp.einsum('NK,...K->N...', w_NK, x), 0, -1)
   lead = x.shape[:-1]
-  return _small_rows_nk(x.reshape(-1, x.shape[-1]), w_NK).reshape(*lead, w_NK.shape[0])
+  x_RK = x.reshape(-1, x.shape[-1])
+  stream = x_RK.shape[0] <= STREAM_NK_MAX_ROWS and not invariant
+  return (_streamed_nk if stream else _small_rows_nk)(x_RK, w_NK).reshape(*lead, w_NK.shape[0])
 
 
 def _attention_ok(a, kv, t: int, invariant: bool) -> bool:

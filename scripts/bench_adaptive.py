@@ -5,7 +5,10 @@ draft, prompt kind (dev chat / grounded), temperature and batch size; tokens/s s
 At batch 1 every prompt is decoded alone (all padded to one bucket, so a configuration compiles
 once); at batch B the kind's prompts are repeated to fill B rows (distinct seeds) in one call.
 Compile time and the cost measurement are reported apart, never inside tokens/s. At temperature
-0 every configuration must reproduce plain greedy tokens (checked). Writes `<out>/adaptive.json`
+0 every configuration must reproduce plain greedy tokens (checked). At temperature > 0 the
+methods draw different samples, so rows decode exactly --max-new-tokens tokens, past the
+end-of-turn token (as throughput benchmarks do with ignore_eos): stopping there would give each
+method its own sequence lengths and so its own share of prefill in tokens/s. Writes `<out>/adaptive.json`
 and `<out>/adaptive.md`.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
@@ -85,8 +88,9 @@ def main():
             for spec in args.drafts}
 
   def decode_config(k, sampling, **kw):
+    stop = eos if sampling.temperature == 0 else None  # same lengths for every method
     return js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                           sampling=sampling, eos_id=eos, pad_id=eos, **kw)
+                           sampling=sampling, eos_id=stop, pad_id=eos, **kw)
 
   results = []
   for kind in args.prompt_kinds:

@@ -105,20 +105,52 @@ def test_streaming_form_matches_float64_and_xla(rows, k, n):
   np.testing.assert_array_equal(inv, np.asarray(cpu_matmul.kernel_matmul(x, w)))
 
 
+@pytest.mark.parametrize('rows, k, n', STREAM_SHAPES + [(9, 577, 33), (16, 576, 129)])
+def test_streaming_transposed_form_matches_float64_and_xla(rows, k, n):
+  """Up to STREAM_NK_MAX_ROWS rows, `matmul_nt` (the tied head of a verify window) takes the
+  streaming NK form: 16 lane-wise chains per output summed by a fixed tree, then the tail. Each
+  lane's chain has at most ceil(K/16) terms and the tree adds 4 roundings, so the single chain's
+  bound with gamma_K holds. A row gets the same bits alone as among the others."""
+  x, w = _data(rows, k, n, seed=k * 5 + n + rows)
+  w_nk = np.ascontiguousarray(w.T)
+  fn = jax.jit(cpu_matmul.matmul_nt)
+  assert cpu_matmul.STREAM_NK_TARGET in fn.lower(x, w_nk).as_text() or rows == 1
+  ours = np.asarray(fn(x, w_nk))
+  exact = x.astype(np.float64) @ w.astype(np.float64)
+  bound = _bound(x, w)
+  assert ours.shape == (rows, n) and ours.dtype == np.float32
+  assert np.all(np.abs(ours - exact) <= bound)
+  streamed = jax.jit(cpu_matmul._streamed_nk)  # pylint: disable=protected-access
+  together = np.asarray(streamed(x, w_nk))
+  assert np.all(np.abs(together - exact) <= bound)
+  alone = np.concatenate([np.asarray(streamed(x[r:r + 1], w_nk)) for r in range(rows)])
+  np.testing.assert_array_equal(alone, together)
+  # The invariant mode keeps the tile kernel (8 lanes) at every row count.
+  inv = np.asarray(jax.jit(lambda x, w: cpu_matmul.matmul_nt(x, w, invariant=True))(x, w_nk))
+  assert cpu_matmul.STREAM_NK_TARGET not in jax.jit(
+      lambda x, w: cpu_matmul.matmul_nt(x, w, invariant=True)).lower(x, w_nk).as_text()
+  assert np.all(np.abs(inv - exact) <= bound)
+
+
 _ISA_SCRIPT = """
 import sys, numpy as np, jax
 from models import cpu_matmul
 rng = np.random.default_rng(0)
 out = []
-for rows, k, n in [(1, 576, 1536), (3, 577, 95), (8, 100, 67), (5, 33, 2)]:
+for rows, k, n in [(1, 576, 1536), (3, 577, 95), (8, 100, 67), (5, 33, 2), (6, 64, 64),
+                   (16, 40, 9)]:
   x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32)
-  out += [np.asarray(jax.jit(cpu_matmul.matmul)(x, w)), np.asarray(cpu_matmul.kernel_matmul(x, w))]
+  w_nk = np.ascontiguousarray(w.T)
+  out += [np.asarray(jax.jit(cpu_matmul.matmul)(x, w)), np.asarray(cpu_matmul.kernel_matmul(x, w)),
+          np.asarray(jax.jit(cpu_matmul.matmul_nt)(x, w_nk)),
+          np.asarray(jax.jit(lambda x, w: cpu_matmul.matmul_nt(x, w, invariant=True))(x, w_nk))]
 np.savez(sys.argv[1], *out)
 """
 
 
 def test_instruction_sets_give_the_same_bits(tmp_path):
-  """The AVX-512, AVX2 and scalar paths of both forms compute the same fma chains: the same bits
+  """The AVX-512, AVX2 and scalar paths of every form (streaming and tile, KN and NK) compute the
+  same fma chains: the same bits
   (JAXSPEC_CPU_MATMUL_ISA caps the instruction set; a CPU without AVX-512 runs avx2 twice)."""
   runs = {}
   for isa in ('native', 'avx2', 'scalar'):

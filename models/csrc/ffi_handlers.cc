@@ -2,6 +2,7 @@
 //   JaxspecMatmulKN:  y[R, N] = x[R, K] @ w[K, N]                      (small_matmul.h)
 //   JaxspecMatmulNK:  y[R, N] = x[R, K] @ w[N, K].T
 //   JaxspecStreamKN:  y[R, N] = x[R, K] @ w[K, N], the streaming form for a few rows
+//   JaxspecStreamNK:  y[R, N] = x[R, K] @ w[N, K].T, the streaming form for a few rows
 //   JaxspecMatmulKNBf16, JaxspecMatmulNKBf16: the same with bfloat16 w (x and y float32)
 //   JaxspecAttnScores: scores[B,M,G,T,S] from q[B,T,M,G,H], k[B,S,M,H] (small_attention.h)
 //   JaxspecAttnMix:    mixed[B,T,M,G,H] from p[B,M,G,T,S], v[B,S,M,H]
@@ -130,7 +131,8 @@ ffi::Error StreamKNImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
-template <ffi::DataType WT>
+// STREAM_NK: StreamNK (a few rows) in place of MatmulNK; the same split of w's rows.
+template <ffi::DataType WT, bool STREAM_NK = false>
 ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<WT> w,
                         ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions();
@@ -147,7 +149,11 @@ ffi::Error MatmulNKImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   ParallelFor(pool, parts, groups >= 2, [=](int64_t p) {
     const int64_t c0 = p * groups / parts * 4;
     const int64_t c1 = p + 1 == parts ? n : (p + 1) * groups / parts * 4;
-    MatmulNK(xp, wp, yp, rows, k, n, c0, c1);
+    if constexpr (STREAM_NK) {
+      StreamNK(xp, wp, yp, rows, k, n, c0, c1);
+    } else {
+      MatmulNK(xp, wp, yp, rows, k, n, c0, c1);
+    }
   });
   return ffi::Error::Success();
 }
@@ -222,6 +228,8 @@ extern "C" const char* JaxspecSourceHash() { return JAXSPEC_SOURCE_HASH; }
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, jaxspec::MatmulKNImpl<ffi::F32>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, jaxspec::MatmulNKImpl<ffi::F32>, JAXSPEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecStreamKN, jaxspec::StreamKNImpl, JAXSPEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecStreamNK, (jaxspec::MatmulNKImpl<ffi::F32, true>),
+                              JAXSPEC_BINDING);
 // x float32, w bfloat16 (exactly widened on load), y float32.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKNBf16, jaxspec::MatmulKNImpl<ffi::BF16>,
                               JAXSPEC_BF16_BINDING);

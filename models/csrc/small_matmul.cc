@@ -246,21 +246,21 @@ __attribute__((target("avx512f"))) inline void Rows512(const float* x, int64_t k
                                                      const __m512* wv, float* part, int64_t n,
                                                      int64_t c) {
   __m512 u[RB], v[RB];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < RB; ++i) {
     u[i] = _mm512_loadu_ps(part + i * n + c);
     v[i] = _mm512_loadu_ps(part + i * n + c + 16);
   }
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < RB; ++i) {
       const __m512 xb = _mm512_set1_ps(x[i * k + kk + j]);
       u[i] = _mm512_fmadd_ps(xb, wv[2 * j], u[i]);
       v[i] = _mm512_fmadd_ps(xb, wv[2 * j + 1], v[i]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < RB; ++i) {
     _mm512_storeu_ps(part + i * n + c, u[i]);
     _mm512_storeu_ps(part + i * n + c + 16, v[i]);
@@ -283,7 +283,16 @@ __attribute__((target("avx512f"))) int64_t StreamAvx512(const float* x, const fl
         wv[2 * j] = _mm512_loadu_ps(w0 + j * n + c);
         wv[2 * j + 1] = _mm512_loadu_ps(w0 + j * n + c + 16);
       }
+      // Up to 6 rows in one pass (16 weight + 12 accumulator registers): every fma of a pass
+      // is independent of the others, so the 8-deep chains of a few rows do not leave the fma
+      // ports idle the way 4 + 1 or 4 + 2 passes would.
       int64_t r = 0;
+      switch (rows) {
+        case 6: Rows512<6>(x, k, kk, wv, part, n, c); r = 6; break;
+        case 5: Rows512<5>(x, k, kk, wv, part, n, c); r = 5; break;
+        case 3: Rows512<3>(x, k, kk, wv, part, n, c); r = 3; break;
+        default: break;
+      }
       for (; r + 4 <= rows; r += 4) Rows512<4>(x + r * k, k, kk, wv, part + r * n, n, c);
       for (; r + 2 <= rows; r += 2) Rows512<2>(x + r * k, k, kk, wv, part + r * n, n, c);
       for (; r < rows; ++r) Rows512<1>(x + r * k, k, kk, wv, part + r * n, n, c);
@@ -335,7 +344,149 @@ void StreamScalar(const float* x, const float* w, float* part, int64_t rows, int
         part[r * n + c] = std::fma(x[r * k + kk], w[kk * n + c], part[r * n + c]);
 }
 
+// ---- StreamNK: 16 lane-wise chains per output, reduced by a fixed tree, then the tail.
+
+constexpr int64_t kPrefetchRowsStreamNK = 8;
+
+// The scalar twin of the tree: (l_i + l_{i+8}), then + the pair 4 apart, 2 apart, 1 apart.
+inline float Tree16(const float* l) {
+  float s[8], t[4];
+  for (int i = 0; i < 8; ++i) s[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+  const float u0 = t[0] + t[2], u1 = t[1] + t[3];
+  return u0 + u1;
+}
+
+float DotTree16Scalar(const float* a, const float* b, int64_t k) {
+  float l[16] = {};
+  const int64_t k16 = k / 16 * 16;
+  for (int64_t kk = 0; kk < k16; kk += 16)
+    for (int j = 0; j < 16; ++j) l[j] = std::fma(a[kk + j], b[kk + j], l[j]);
+  float sum = Tree16(l);
+  for (int64_t kk = k16; kk < k; ++kk) sum = std::fma(a[kk], b[kk], sum);
+  return sum;
+}
+
+// The tree on 8 + 8 lanes held as (lo, hi) = lanes 0..7, 8..15.
+__attribute__((target("avx2,fma"))) inline float Tree16Avx2(__m256 lo, __m256 hi) {
+  const __m256 s = _mm256_add_ps(lo, hi);
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+__attribute__((target("avx512f"))) inline float Tree16Avx512(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 s = _mm256_add_ps(lo, hi);
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+// MR rows of x against w rows c..c+NR; the first row group prefetches the rows 8 ahead.
+template <int MR, int NR, bool PREFETCH>
+__attribute__((target("avx512f"))) void TileNK512(const float* x, const float* w, float* y,
+                                                  int64_t k, int64_t n, int64_t c) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t k16 = k / 16 * 16;
+  const float* w0 = w + c * k;
+  for (int64_t kk = 0; kk < k16; kk += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w0 + j * k + kk);
+    if (PREFETCH) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + (j + kPrefetchRowsStreamNK) * k + kk),
+                     _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      float sum = Tree16Avx512(acc[i][j]);
+      for (int64_t kk = k16; kk < k; ++kk) sum = std::fma(x[i * k + kk], w0[j * k + kk], sum);
+      y[i * n + c + j] = sum;
+    }
+}
+
+template <int NR>
+__attribute__((target("avx512f"))) void RowsNK512(const float* x, const float* w, float* y,
+                                                  int64_t rows, int64_t k, int64_t n, int64_t c) {
+  int64_t r = 0;
+  if (rows >= 4) {
+    TileNK512<4, NR, true>(x, w, y, k, n, c);
+    for (r = 4; r + 4 <= rows; r += 4) TileNK512<4, NR, false>(x + r * k, w, y + r * n, k, n, c);
+  } else if (rows == 3) {
+    TileNK512<3, NR, true>(x, w, y, k, n, c);
+    return;
+  } else if (rows == 2) {
+    TileNK512<2, NR, true>(x, w, y, k, n, c);
+    return;
+  } else if (rows == 1) {
+    TileNK512<1, NR, true>(x, w, y, k, n, c);
+    return;
+  }
+  const int64_t left = rows - r;
+  if (left == 3) TileNK512<3, NR, false>(x + r * k, w, y + r * n, k, n, c);
+  if (left == 2) TileNK512<2, NR, false>(x + r * k, w, y + r * n, k, n, c);
+  if (left == 1) TileNK512<1, NR, false>(x + r * k, w, y + r * n, k, n, c);
+}
+
+// AVX2: one row of x against w rows c..c+NR, each chain's 16 lanes as two registers.
+template <int NR>
+__attribute__((target("avx2,fma"))) void RowNKAvx2(const float* x, const float* w, float* y,
+                                                   int64_t k, int64_t c) {
+  __m256 lo[NR], hi[NR];
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  const int64_t k16 = k / 16 * 16;
+  const float* w0 = w + c * k;
+  for (int64_t kk = 0; kk < k16; kk += 16) {
+    const __m256 xl = _mm256_loadu_ps(x + kk), xh = _mm256_loadu_ps(x + kk + 8);
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      lo[j] = _mm256_fmadd_ps(xl, _mm256_loadu_ps(w0 + j * k + kk), lo[j]);
+      hi[j] = _mm256_fmadd_ps(xh, _mm256_loadu_ps(w0 + j * k + kk + 8), hi[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) {
+    float sum = Tree16Avx2(lo[j], hi[j]);
+    for (int64_t kk = k16; kk < k; ++kk) sum = std::fma(x[kk], w0[j * k + kk], sum);
+    y[c + j] = sum;
+  }
+}
+
 }  // namespace
+
+void StreamNK(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
+              int64_t n_begin, int64_t n_end) {
+  int64_t c = n_begin;
+  if (HasAvx512()) {
+    for (; c + 4 <= n_end; c += 4) RowsNK512<4>(x, w, y, rows, k, n, c);
+    for (; c < n_end; ++c) RowsNK512<1>(x, w, y, rows, k, n, c);
+  } else if (HasAvx2()) {
+    for (; c + 4 <= n_end; c += 4)
+      for (int64_t r = 0; r < rows; ++r) RowNKAvx2<4>(x + r * k, w, y + r * n, k, c);
+    for (; c < n_end; ++c)
+      for (int64_t r = 0; r < rows; ++r) RowNKAvx2<1>(x + r * k, w, y + r * n, k, c);
+  }
+  for (; c < n_end; ++c)
+    for (int64_t r = 0; r < rows; ++r) y[r * n + c] = DotTree16Scalar(x + r * k, w + c * k, k);
+}
 
 void StreamKNPart(const float* x, const float* w, float* part, int64_t rows, int64_t k,
                   int64_t n, int64_t k0, int64_t k1) {

@@ -37,6 +37,14 @@ void MatmulNK(const float* x, const uint16_t* w, float* y, int64_t rows, int64_t
 void StreamKNPart(const float* x, const float* w, float* part, int64_t rows, int64_t k, int64_t n,
                   int64_t k0, int64_t k1);
 
+// Columns [n_begin, n_end) of y = x @ w.T for a few rows (the tied head of a verify window):
+// w [n, k] streams from memory in order, 4 rows at a time, each read once for every row of x
+// (rows of x 4 at a time, from cache). Each output is 16 lane-wise fma chains over k (lane j takes
+// k = j mod 16) reduced by a fixed tree (lane i + lane i+8, then + i+4, + i+2, + i+1), then the
+// k mod 16 tail as one chain: the same bits on every instruction set and for any R or row group.
+void StreamNK(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n,
+              int64_t n_begin, int64_t n_end);
+
 // Columns are handed to threads in multiples of this many (one register tile's width).
 constexpr int64_t kStrip = 32;
 
