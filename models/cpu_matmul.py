@@ -14,7 +14,7 @@ once for all rows on both cores, when all of these hold; otherwise it is exactly
 - x and w are float32, w is 2-D `[K, N]` and x has 1 to `MAX_ROWS` rows (product of its leading
   dimensions): prefill of long prompts stays on XLA's GEMM, which is good at many rows.
 
-Up to `STREAM_MAX_ROWS` (8) rows (a decode step, a verify window of up to 8 tokens) take the
+Up to `STREAM_MAX_ROWS` (16) rows (a decode step, a verify window, batch-16 decoding) take the
 streaming form (`jaxspec_matmul_kn_stream`): w's rows split in 4 parts that both cores stream in
 memory order, each output an fma chain over its part's k, the parts added in order. Up to
 `MAX_ROWS` rows take the tile form (`jaxspec_matmul_kn`, `kernel_matmul`): one fma chain over all
@@ -59,7 +59,7 @@ MAX_ROWS = 64
 TARGET = 'jaxspec_matmul_kn'
 STREAM_TARGET = 'jaxspec_matmul_kn_stream'
 STREAM_NK_TARGET = 'jaxspec_matmul_nk_stream'
-STREAM_MAX_ROWS = 8
+STREAM_MAX_ROWS = 16
 STREAM_NK_MAX_ROWS = 16
 # FFI target name -> exported handler symbol of the extension.
 _TARGETS = {TARGET: 'JaxspecMatmulKN', 'jaxspec_matmul_nk': 'JaxspecMatmulNK',

@@ -283,19 +283,25 @@ __attribute__((target("avx512f"))) int64_t StreamAvx512(const float* x, const fl
         wv[2 * j] = _mm512_loadu_ps(w0 + j * n + c);
         wv[2 * j + 1] = _mm512_loadu_ps(w0 + j * n + c + 16);
       }
-      // Up to 6 rows in one pass (16 weight + 12 accumulator registers): every fma of a pass
-      // is independent of the others, so the 8-deep chains of a few rows do not leave the fma
-      // ports idle the way 4 + 1 or 4 + 2 passes would.
-      int64_t r = 0;
-      switch (rows) {
-        case 6: Rows512<6>(x, k, kk, wv, part, n, c); r = 6; break;
-        case 5: Rows512<5>(x, k, kk, wv, part, n, c); r = 5; break;
-        case 3: Rows512<3>(x, k, kk, wv, part, n, c); r = 3; break;
-        default: break;
+      // The rows in as few passes of at most 6 as possible, of near-equal sizes (16 weight + up
+      // to 12 accumulator registers): the fmas of a pass are independent of each other, so a
+      // pass of a few rows keeps the fma ports busy where 4 + 1 would leave them waiting on
+      // the 8-deep chains of its last row.
+      const int64_t passes = (rows + 5) / 6;
+      for (int64_t p = 0, r = 0; p < passes; ++p) {
+        const int64_t take = (rows - r + (passes - p) - 1) / (passes - p);
+        const float* xr = x + r * k;
+        float* pr = part + r * n;
+        switch (take) {
+          case 6: Rows512<6>(xr, k, kk, wv, pr, n, c); break;
+          case 5: Rows512<5>(xr, k, kk, wv, pr, n, c); break;
+          case 4: Rows512<4>(xr, k, kk, wv, pr, n, c); break;
+          case 3: Rows512<3>(xr, k, kk, wv, pr, n, c); break;
+          case 2: Rows512<2>(xr, k, kk, wv, pr, n, c); break;
+          default: Rows512<1>(xr, k, kk, wv, pr, n, c); break;
+        }
+        r += take;
       }
-      for (; r + 4 <= rows; r += 4) Rows512<4>(x + r * k, k, kk, wv, part + r * n, n, c);
-      for (; r + 2 <= rows; r += 2) Rows512<2>(x + r * k, k, kk, wv, part + r * n, n, c);
-      for (; r < rows; ++r) Rows512<1>(x + r * k, k, kk, wv, part + r * n, n, c);
     }
   }
   return kk;
