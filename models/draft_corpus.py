@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -129,10 +130,12 @@ def _record(out_dir: str, stage: str, **facts) -> None:
 
 def _write_json(path, value):
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  tmp = f'{path}.{os.getpid()}.tmp'  # processes of one run (`Part`) may write it together
-  with open(tmp, 'w', encoding='utf-8') as f:
+  # Parts of one run (processes or threads) may write it together: each its own temp file.
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or '.', suffix='.tmp')
+  with os.fdopen(fd, 'w', encoding='utf-8') as f:
     json.dump(value, f, indent=1, sort_keys=True)
     f.write('\n')
+  os.chmod(tmp, 0o644)
   os.replace(tmp, path)
 
 
