@@ -41,18 +41,22 @@ def _parse(argv=None):
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
   p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
                  help=f'comma-separated, from {",".join(PROMPT_KINDS)}; --num-prompts is per kind')
-  p.add_argument('--max-new-tokens', type=cli.positive_int, default=64)
+  p.add_argument('--max-new-tokens', type=cli.positive_int, default=64,
+                 help='new tokens a prompt (exactly this many at T > 0; default 64)')
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=[1, 2, 3, 4],
-                 help='comma-separated list of the fixed K to compare with')
+                 help='comma-separated list of the fixed K to compare with (default 1,2,3,4)')
   p.add_argument('--max-draft-tokens', type=cli.positive_int, default=4,
-                 help='the largest K auto and the heuristic may pick')
-  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=[0.0, 1.0])
-  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=[1])
+                 help='the largest K auto and the heuristic may pick (default 4)')
+  p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=[0.0, 1.0],
+                 help='comma-separated sampling temperatures; 0 = greedy (default 0,1)')
+  p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=[1],
+                 help='comma-separated batch sizes (default 1)')
   p.add_argument('--repeats', type=cli.positive_int, default=2,
-                 help='timed runs per configuration (the best is kept)')
-  p.add_argument('--seed', type=int, default=0)
+                 help='timed runs per configuration, the best kept (default 2)')
+  p.add_argument('--seed', type=int, default=0, help='PRNG seed of the sampled runs (default 0)')
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
-  p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'))
+  p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'),
+                 help='output directory for the tables and JSON (default runs/adaptive)')
   args = p.parse_args(argv)
   if args.quick:
     args.drafts, args.num_prompts, args.max_new_tokens = ['ngram'], 2, 32

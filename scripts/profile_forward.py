@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from models import cli, loading  # pylint: disable=g-import-not-at-top,wrong-import-position
+from models import cli, cpu_matmul, loading  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def parse_args(argv=None):
@@ -78,6 +78,9 @@ def main(argv=None):
   args = parse_args(argv)
   config, params, _ = loading.load_model(args.model)
   model = loading.forward_for(config)
+  print(f'{args.model or "SmolLM2-135M-Instruct (default)"}: {config.num_layers} layers; '
+        f'jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} cores; '
+        f'kernel path: {cpu_matmul.describe()}')
   buffer_len = args.position + max(args.widths) + 1
   trace_dir = tempfile.mkdtemp(prefix='jaxspec_trace_')
   runs = {}
