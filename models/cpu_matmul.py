@@ -196,6 +196,12 @@ def describe() -> str:
   return 'C++ small-row kernel' if available() else f'XLA dot ({UNAVAILABLE_REASON})'
 
 
+def platform_line() -> str:
+  """The header line of the timing scripts: jax version, platform, cores and `describe()`."""
+  return (f'jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} cores; '
+          f'kernel path: {describe()}')
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                 invariant: bool = False):
   """Drop-in `jax.lax.dot_general` for Flax `Dense`/`DenseGeneral` (`dot_general=`): a

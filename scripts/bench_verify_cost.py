@@ -22,8 +22,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-
 from jaxspec import bench  # pylint: disable=g-import-not-at-top,wrong-import-position
 from models import cli, cpu_matmul, loading  # pylint: disable=g-import-not-at-top,wrong-import-position
 from models.llama import LlamaForward  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -60,8 +58,7 @@ def main(argv=None):
   weight_bytes = bench.nbytes(params)
   paths = {'xla': LlamaForward(dataclasses.replace(config, cpu_kernel=False)),
            'kernel': LlamaForward(dataclasses.replace(config, cpu_kernel=True))}
-  print(f'jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} cores; '
-        f'kernel path: {cpu_matmul.describe()}')
+  print(cpu_matmul.platform_line())
   if not cpu_matmul.available():
     paths.pop('kernel')
 

@@ -79,8 +79,7 @@ def main(argv=None):
   config, params, _ = loading.load_model(args.model)
   model = loading.forward_for(config)
   print(f'{args.model or "SmolLM2-135M-Instruct (default)"}: {config.num_layers} layers; '
-        f'jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} cores; '
-        f'kernel path: {cpu_matmul.describe()}')
+        f'{cpu_matmul.platform_line()}')
   buffer_len = args.position + max(args.widths) + 1
   trace_dir = tempfile.mkdtemp(prefix='jaxspec_trace_')
   runs = {}
