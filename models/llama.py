@@ -349,6 +349,17 @@ def cache_logical_axes(config: LlamaConfig) -> Cache:
   return [{'k': names, 'v': names} for _ in range(config.num_layers)]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _apply(config, num_layers, with_features, params, tokens_BT, cache, start_B):
+  """One forward of `Llama(config)`, jitted on its own: inside a larger jitted program (the decode
+  loop) it is a nested call that XLA inlines, so the compiled code is the same, while its trace is
+  cached by (config, shapes) and reused by every program that calls the same forward."""
+  model = Llama(config)
+  if with_features:
+    return model.apply({'params': params}, tokens_BT, cache, start_B, method=Llama.with_features)
+  return model.apply({'params': params}, tokens_BT, cache, start_B, num_layers=num_layers)
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaForward:
   """The callable `forward(params, tokens [B,T], cache, start [B]) -> (logits [B,T,V], cache)`
@@ -359,14 +370,12 @@ class LlamaForward:
   num_layers: int | None = None
 
   def __call__(self, params, tokens_BT, cache, start_B):
-    return Llama(self.config).apply({'params': params}, tokens_BT, cache, start_B,
-                                    num_layers=self.num_layers)
+    return _apply(self.config, self.num_layers, False, params, tokens_BT, cache, start_B)
 
   def with_features(self, params, tokens_BT, cache, start_B):
     """`(logits [B,T,V] float32, cache, features [B,T,D])`: the features are the final-normed
     hidden states of the full model (the input of its head); ignores `num_layers`."""
-    return Llama(self.config).apply({'params': params}, tokens_BT, cache, start_B,
-                                    method=Llama.with_features)
+    return _apply(self.config, None, True, params, tokens_BT, cache, start_B)
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
     return init_cache(self.config, batch_size, max_len)

@@ -9,6 +9,7 @@ committed draft when the model is installed.
   20000 rows, fixed keys), failing when p < 1e-3, as in tests/test_exactness.py.
 """
 
+import dataclasses
 import os
 
 import jax
@@ -142,24 +143,36 @@ def smollm2():
   return (path, *gguf_loader.load_gguf(path))
 
 
-@pytest.mark.parametrize('name', ['smollm2_exit', 'smollm2_eagle'])
-def test_committed_draft_greedy_equals_plain_on_smollm2(name, smollm2):
-  draft_dir = os.path.join(DRAFTS, name)
-  assert os.path.isfile(os.path.join(draft_dir, 'draft.json')), f'{draft_dir} is committed'
+SMOLLM2_GREEDY = js.DecodeConfig(max_new_tokens=16, eos_id=2, pad_id=2,
+                                 sampling=js.SamplingConfig(temperature=0))
+
+
+@pytest.fixture(scope='module')
+def smollm2_prompt(smollm2):
+  """A chat prompt (padded) and SmolLM2's plain greedy tokens for it, decoded once for the
+  module (both committed drafts are compared with the same plain output)."""
   path, config, params = smollm2
-  draft, draft_params = registry.load_trained_draft(draft_dir, config, params)
-  target = llama.LlamaForward(config)
   from models import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   prompt = tok_lib.load_tokenizer(path).encode_chat('Name three primary colors.')
   tokens, lengths = js.pad_prompts([prompt], pad_id=2, bucket=64)
-  outs = []
-  for d, k in ((None, 0), (draft, 4)):
-    cfg = js.DecodeConfig(num_draft_tokens=k, max_new_tokens=16, eos_id=2, pad_id=2,
-                          sampling=js.SamplingConfig(temperature=0))
-    outs.append(js.generate(params, draft_params, tokens, lengths, np.full(len(lengths), 0),
-                            target=target, draft=d, config=cfg))
-  assert outs[1].new_tokens() == outs[0].new_tokens()
-  assert js.summarize(outs[1].metrics)['drafted_tokens'] > 0
+  plain = js.generate(params, None, tokens, lengths, np.full(len(lengths), 0),
+                      target=llama.LlamaForward(config), draft=None,
+                      config=dataclasses.replace(SMOLLM2_GREEDY, num_draft_tokens=0))
+  return tokens, lengths, plain.new_tokens()
+
+
+@pytest.mark.parametrize('name', ['smollm2_exit', 'smollm2_eagle'])
+def test_committed_draft_greedy_equals_plain_on_smollm2(name, smollm2, smollm2_prompt):
+  draft_dir = os.path.join(DRAFTS, name)
+  assert os.path.isfile(os.path.join(draft_dir, 'draft.json')), f'{draft_dir} is committed'
+  _, config, params = smollm2
+  draft, draft_params = registry.load_trained_draft(draft_dir, config, params)
+  tokens, lengths, plain = smollm2_prompt
+  out = js.generate(params, draft_params, tokens, lengths, np.full(len(lengths), 0),
+                    target=llama.LlamaForward(config), draft=draft,
+                    config=dataclasses.replace(SMOLLM2_GREEDY, num_draft_tokens=4))
+  assert out.new_tokens() == plain
+  assert js.summarize(out.metrics)['drafted_tokens'] > 0
 
 
 def test_eagle_save_load_round_trip(tmp_path):
