@@ -352,8 +352,10 @@ def cache_logical_axes(config: LlamaConfig) -> Cache:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _apply(config, num_layers, with_features, params, tokens_BT, cache, start_B):
   """One forward of `Llama(config)`, jitted on its own: inside a larger jitted program (the decode
-  loop) it is a nested call that XLA inlines, so the compiled code is the same, while its trace is
-  cached by (config, shapes) and reused by every program that calls the same forward."""
+  loop) it is a nested call that XLA inlines (the same matmul kernels; a few small index ops are
+  no longer shared between calls), while its trace is cached by (config, shapes) and reused by
+  every program that calls the same forward: the test suite compiled ~45% faster. Plain and
+  n-gram decoding of SmolLM2 timed the same with and without (within this machine's ~10% noise)."""
   model = Llama(config)
   if with_features:
     return model.apply({'params': params}, tokens_BT, cache, start_B, method=Llama.with_features)
