@@ -22,6 +22,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from models import files
+
 TOKEN_DTYPE = np.uint16
 # The stop of a shard range left open ('A:'): past any shard number.
 OPEN_END = 1 << 30
@@ -59,10 +61,8 @@ def write_shard(path: str, sequences: list, prompt_lengths, **columns) -> None:
   bad = [k for k, v in arrays.items() if k not in ('tokens', 'offsets') and len(v) != len(lengths)]
   if bad:
     raise ValueError(f'columns {bad} need one entry per row ({len(lengths)})')
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  tmp = path[:-len('.npz')] + '.tmp.npz'
-  np.savez_compressed(tmp, **arrays)
-  os.replace(tmp, path)
+  with files.atomic_path(path, suffix='.npz') as tmp:
+    np.savez_compressed(tmp, **arrays)
 
 
 def read_shard(path: str) -> dict[str, np.ndarray]:

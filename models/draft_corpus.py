@@ -30,15 +30,14 @@ import gzip
 import json
 import math
 import os
-import tempfile
 import time
 
 import numpy as np
 from tqdm import tqdm
 
 import jaxspec as js
-from models import (batched_decode, corpus, dedupe, grounded, magpie, prompts as prompt_files,
-                    text_filters as tf)
+from models import (batched_decode, corpus, dedupe, files, grounded, magpie,
+                    prompts as prompt_files, text_filters as tf)
 
 KINDS = ('magpie', 'grounded')
 MAGPIE_RULE = tf.LanguageRule(min_words=2, max_words=150, min_chars=12, max_chars=1000)
@@ -129,14 +128,10 @@ def _record(out_dir: str, stage: str, **facts) -> None:
 
 
 def _write_json(path, value):
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   # Parts of one run (processes or threads) may write it together: each its own temp file.
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or '.', suffix='.tmp')
-  with os.fdopen(fd, 'w', encoding='utf-8') as f:
+  with files.atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
     json.dump(value, f, indent=1, sort_keys=True)
     f.write('\n')
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, path)
 
 
 def prompts_path(out_dir: str) -> str:
@@ -152,11 +147,10 @@ def read_prompts(out_dir: str) -> list[dict]:
 def write_prompts(path: str, rows: list[dict]) -> None:
   """Gzipped JSON lines, byte for byte the same for the same rows (no name or time stamp in
   the header), atomically."""
-  tmp = path + '.tmp'
-  with open(tmp, 'wb') as raw, gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as f:
+  with (files.atomic_path(path) as tmp, open(tmp, 'wb') as raw,
+        gzip.GzipFile(filename='', fileobj=raw, mode='wb', mtime=0) as f):
     for row in rows:
       f.write((json.dumps(row, ensure_ascii=False) + '\n').encode('utf-8'))
-  os.replace(tmp, path)
 
 
 class PromptFilter:

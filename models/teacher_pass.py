@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from models import corpus
+from models import corpus, files
 
 
 def _programs(forward, params, top_k: int, features: bool):
@@ -102,16 +102,13 @@ def features_path(npz_path: str, seq_len: int) -> str:
 def write(path: str, arrays: dict, seq_len: int | None = None, **columns) -> None:
   """Saves a teacher-pass result (and its features, next to it), each file written whole under
   a temporary name first, so that an interrupted run leaves no half-written shard."""
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   arrays = dict(arrays)
   feats = arrays.pop('features', None)
   if feats is not None:
-    tmp = features_path(path, seq_len) + '.tmp.npy'
-    np.save(tmp, feats)
-    os.replace(tmp, features_path(path, seq_len))
-  tmp = path + '.tmp.npz'
-  np.savez(tmp, **arrays, **columns)
-  os.replace(tmp, path)
+    with files.atomic_path(features_path(path, seq_len), suffix='.npy') as tmp:
+      np.save(tmp, feats)
+  with files.atomic_path(path, suffix='.npz') as tmp:
+    np.savez(tmp, **arrays, **columns)
 
 
 def corpus_cache_dir(teacher_dir: str, corpus_dir: str) -> str:
