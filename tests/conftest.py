@@ -50,7 +50,7 @@ def pytest_configure(config):
 # collected last (alphabetically) would run alone at the end while the other core idles.
 HEAVY_FIRST = ('test_invariance.py', 'test_trained_drafts.py', 'test_smollm2.py',
                'test_verifiers.py', 'test_schedule.py', 'test_greedy_identity.py',
-               'test_sharding.py', 'test_exactness.py')
+               'test_sharding.py', 'test_exactness.py', 'test_gemma3.py')
 
 
 def pytest_collection_modifyitems(config, items):
