@@ -9,7 +9,8 @@ target pass), the accepted-length histogram, compile time and the process's peak
 temperature 0 it checks that the output equals plain greedy output. It then times the pieces of
 a round (draft proposal, verify pass) on their own and the whole round inside the decode loop
 (the rest, "other", is the difference: sampling, commit, draft bookkeeping, loop carry; it
-can come out negative, since the pieces timed on their own do not overlap as they do in the loop),
+can come out negative: each piece is timed in a program of its own, which can cost more than
+the same piece inside the round's program, and the machine's noise is of the same size),
 estimates alpha and the cost ratio c, and shows Leviathan et al.'s Theorem 3.8 speedup (and the
 same with the measured verify cost) next to the measured one, with the K the formula picks.
 Writes `<out>/benchmark.json`, `<out>/results.md`, and with matplotlib
