@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from models.llama import (RMSNorm, _init, _write_rows,  # pylint: disable=unused-import
-                          cache_logical_axes, rope)
+                          apply_forward, cache_logical_axes, rope)
 
 Params = Any
 Cache = list  # list over layers of {'k': [B,S,M,H], 'v': [B,S,M,H]}
@@ -243,17 +243,6 @@ def logical_axes(config: Gemma3Config) -> Params:
                       is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _apply(config, num_layers, with_features, params, tokens_BT, cache, start_B):
-  """One forward of `Gemma3(config)`, jitted on its own so that its trace is cached by (config,
-  shapes) and shared by every decode program that calls it; XLA inlines the nested call (as
-  `models.llama._apply`, where this was measured)."""
-  model = Gemma3(config)
-  if with_features:
-    return model.apply({'params': params}, tokens_BT, cache, start_B, method=Gemma3.with_features)
-  return model.apply({'params': params}, tokens_BT, cache, start_B, num_layers=num_layers)
-
-
 @dataclasses.dataclass(frozen=True)
 class Gemma3Forward:
   """The callable `forward(params, tokens [B,T] int32, cache, start [B] int32) ->
@@ -264,11 +253,12 @@ class Gemma3Forward:
   num_layers: int | None = None
 
   def __call__(self, params, tokens_BT, cache, start_B):
-    return _apply(self.config, self.num_layers, False, params, tokens_BT, cache, start_B)
+    return apply_forward(Gemma3, self.config, self.num_layers, False, params, tokens_BT, cache,
+                         start_B)
 
   def with_features(self, params, tokens_BT, cache, start_B):
     """`(logits [B,T,V] float32, cache, features [B,T,D])`; ignores `num_layers`."""
-    return _apply(self.config, None, True, params, tokens_BT, cache, start_B)
+    return apply_forward(Gemma3, self.config, None, True, params, tokens_BT, cache, start_B)
 
   def init_cache(self, batch_size: int, buffer_len: int) -> Cache:
     return init_cache(self.config, batch_size, buffer_len)

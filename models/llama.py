@@ -349,17 +349,20 @@ def cache_logical_axes(config: LlamaConfig) -> Cache:
   return [{'k': names, 'v': names} for _ in range(config.num_layers)]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _apply(config, num_layers, with_features, params, tokens_BT, cache, start_B):
-  """One forward of `Llama(config)`, jitted on its own: inside a larger jitted program (the decode
-  loop) it is a nested call that XLA inlines (the same matmul kernels; a few small index ops are
-  no longer shared between calls), while its trace is cached by (config, shapes) and reused by
-  every program that calls the same forward (with three test changes, the suite took 510 s instead
-  of 925 s on one machine the same morning; commit 1202002). Plain and
-  n-gram decoding of SmolLM2 timed the same with and without (within this machine's ~10% noise)."""
-  model = Llama(config)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def apply_forward(model_cls, config, num_layers, with_features, params, tokens_BT, cache,
+                  start_B):
+  """One forward of `model_cls(config)` (`Llama`, `Gemma3`): `__call__` with `num_layers`, or
+  `with_features`. Jitted on its own: inside a larger jitted program (the decode loop) it is a
+  nested call that XLA inlines (the same matmul kernels; a few small index ops are no longer
+  shared between calls), while its trace is cached by (class, config, shapes) and reused by every
+  program that calls the same forward (with three test changes, the suite took 510 s instead of
+  925 s on one machine the same morning; commit 1202002). Plain and n-gram decoding of SmolLM2
+  timed the same with and without (within this machine's ~10% noise)."""
+  model = model_cls(config)
   if with_features:
-    return model.apply({'params': params}, tokens_BT, cache, start_B, method=Llama.with_features)
+    return model.apply({'params': params}, tokens_BT, cache, start_B,
+                       method=model_cls.with_features)
   return model.apply({'params': params}, tokens_BT, cache, start_B, num_layers=num_layers)
 
 
@@ -373,12 +376,13 @@ class LlamaForward:
   num_layers: int | None = None
 
   def __call__(self, params, tokens_BT, cache, start_B):
-    return _apply(self.config, self.num_layers, False, params, tokens_BT, cache, start_B)
+    return apply_forward(Llama, self.config, self.num_layers, False, params, tokens_BT, cache,
+                         start_B)
 
   def with_features(self, params, tokens_BT, cache, start_B):
     """`(logits [B,T,V] float32, cache, features [B,T,D])`: the features are the final-normed
     hidden states of the full model (the input of its head); ignores `num_layers`."""
-    return _apply(self.config, None, True, params, tokens_BT, cache, start_B)
+    return apply_forward(Llama, self.config, None, True, params, tokens_BT, cache, start_B)
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
     return init_cache(self.config, batch_size, max_len)
