@@ -139,7 +139,7 @@ from models import cpu_matmul
 rng = np.random.default_rng(0)
 out = []
 for rows, k, n in [(1, 576, 1536), (3, 577, 95), (8, 100, 67), (5, 33, 2), (6, 64, 64),
-                   (16, 40, 9)]:
+                   (16, 40, 9), (9, 577, 96), (13, 150, 64), (16, 1536, 33)]:
   x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32)
   w_nk = np.ascontiguousarray(w.T)
   out += [np.asarray(jax.jit(cpu_matmul.matmul)(x, w)), np.asarray(cpu_matmul.kernel_matmul(x, w)),

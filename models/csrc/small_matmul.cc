@@ -240,71 +240,81 @@ void MatmulNKImpl(const float* x, const W* w, float* y, int64_t rows, int64_t k,
 // increasing order, whatever the instruction set, row grouping or column block, so all three
 // paths below give the same bits.
 
-// AVX-512: 8 weight rows x 32 columns held in 16 zmm registers, applied to RB rows of x.
+// AVX-512: a strip of 32 columns x RB rows of x, its 2 RB accumulators in registers while the
+// strip walks weight rows [kb0, kb1) in order (2 weight loads and RB broadcasts per weight row);
+// meanwhile `pf` walks the next block of weight rows in memory order, two cache lines a step.
 template <int RB>
-__attribute__((target("avx512f"))) inline void Rows512(const float* x, int64_t k, int64_t kk,
-                                                     const __m512* wv, float* part, int64_t n,
-                                                     int64_t c) {
+__attribute__((target("avx512f"))) inline void Strip512(const float* x, int64_t k,
+                                                      const float* w, int64_t n, float* part,
+                                                      int64_t c, int64_t kb0, int64_t kb1,
+                                                      const char*& pf, const char* pf_end) {
   __m512 u[RB], v[RB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < RB; ++i) {
     u[i] = _mm512_loadu_ps(part + i * n + c);
     v[i] = _mm512_loadu_ps(part + i * n + c + 16);
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) {
-#pragma GCC unroll 8
+  for (int64_t kk = kb0; kk < kb1; ++kk) {
+    const float* wr = w + kk * n + c;
+    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16);
+    if (pf < pf_end) {
+      _mm_prefetch(pf, _MM_HINT_T0);
+      _mm_prefetch(pf + 64, _MM_HINT_T0);
+      pf += 128;
+    }
+#pragma GCC unroll 16
     for (int i = 0; i < RB; ++i) {
-      const __m512 xb = _mm512_set1_ps(x[i * k + kk + j]);
-      u[i] = _mm512_fmadd_ps(xb, wv[2 * j], u[i]);
-      v[i] = _mm512_fmadd_ps(xb, wv[2 * j + 1], v[i]);
+      const __m512 xb = _mm512_set1_ps(x[i * k + kk]);
+      u[i] = _mm512_fmadd_ps(xb, w0, u[i]);
+      v[i] = _mm512_fmadd_ps(xb, w1, v[i]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < RB; ++i) {
     _mm512_storeu_ps(part + i * n + c, u[i]);
     _mm512_storeu_ps(part + i * n + c + 16, v[i]);
   }
 }
 
-// Columns [c0, c1) (multiples of 32 apart), weight rows [k0, k1): w's rows in memory order, 8 at
-// a time; returns the first weight row left over (fewer than 8 remain).
-__attribute__((target("avx512f"))) int64_t StreamAvx512(const float* x, const float* w,
-                                                        float* part, int64_t rows, int64_t k,
-                                                        int64_t n, int64_t c0, int64_t c1,
-                                                        int64_t k0, int64_t k1) {
-  int64_t kk = k0;
-  for (; kk + 8 <= k1; kk += 8) {
-    const float* w0 = w + kk * n;
-    for (int64_t c = c0; c < c1; c += 32) {
-      __m512 wv[16];
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        wv[2 * j] = _mm512_loadu_ps(w0 + j * n + c);
-        wv[2 * j + 1] = _mm512_loadu_ps(w0 + j * n + c + 16);
-      }
-      // The rows in as few passes of at most 6 as possible, of near-equal sizes (16 weight + up
-      // to 12 accumulator registers): the fmas of a pass are independent of each other, so a
-      // pass of a few rows keeps the fma ports busy where 4 + 1 would leave them waiting on
-      // the 8-deep chains of its last row.
-      const int64_t passes = (rows + 5) / 6;
+constexpr int kStripRowsMax = 12;     // 24 accumulators + 2 weights + a broadcast: 27 of 32 zmm
+constexpr int64_t kStreamBlock = 32;  // weight rows a strip walks before the next strip
+
+// Columns [0, n32) (a multiple of 32), weight rows [k0, k1): blocks of kStreamBlock weight rows;
+// in a block every strip of 32 columns walks the block's rows for the rows of x in as few
+// passes of at most kStripRowsMax as possible, of near-equal sizes.
+__attribute__((target("avx512f"))) void StreamAvx512(const float* x, const float* w, float* part,
+                                                     int64_t rows, int64_t k, int64_t n,
+                                                     int64_t n32, int64_t k0, int64_t k1) {
+  for (int64_t kb0 = k0; kb0 < k1; kb0 += kStreamBlock) {
+    const int64_t kb1 = std::min(k1, kb0 + kStreamBlock);
+    const int64_t nb1 = std::min(k1, kb1 + kStreamBlock);
+    // The next block's rows, whole (contiguous in memory), two cache lines a weight row walked.
+    const char* pf = reinterpret_cast<const char*>(w + kb1 * n);
+    const char* const pf_end = reinterpret_cast<const char*>(w + nb1 * n);
+    const int64_t passes = (rows + kStripRowsMax - 1) / kStripRowsMax;
+    for (int64_t c = 0; c < n32; c += 32) {
       for (int64_t p = 0, r = 0; p < passes; ++p) {
         const int64_t take = (rows - r + (passes - p) - 1) / (passes - p);
         const float* xr = x + r * k;
         float* pr = part + r * n;
         switch (take) {
-          case 6: Rows512<6>(xr, k, kk, wv, pr, n, c); break;
-          case 5: Rows512<5>(xr, k, kk, wv, pr, n, c); break;
-          case 4: Rows512<4>(xr, k, kk, wv, pr, n, c); break;
-          case 3: Rows512<3>(xr, k, kk, wv, pr, n, c); break;
-          case 2: Rows512<2>(xr, k, kk, wv, pr, n, c); break;
-          default: Rows512<1>(xr, k, kk, wv, pr, n, c); break;
+          case 12: Strip512<12>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 11: Strip512<11>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 10: Strip512<10>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 9: Strip512<9>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 8: Strip512<8>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 7: Strip512<7>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 6: Strip512<6>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 5: Strip512<5>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 4: Strip512<4>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 3: Strip512<3>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          case 2: Strip512<2>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
+          default: Strip512<1>(xr, k, w, n, pr, c, kb0, kb1, pf, pf_end); break;
         }
         r += take;
       }
     }
   }
-  return kk;
 }
 
 // AVX2: 4 weight rows x 16 columns, one row of x at a time.
@@ -498,14 +508,8 @@ void StreamKNPart(const float* x, const float* w, float* part, int64_t rows, int
                   int64_t n, int64_t k0, int64_t k1) {
   std::memset(part, 0, rows * n * sizeof(float));
   if (HasAvx512()) {
-    // Column blocks whose accumulators (rows x block floats, <= 16 KB) stay in L1.
     const int64_t n32 = n / 32 * 32;
-    const int64_t block = std::max<int64_t>(32, 4096 / rows / 32 * 32);
-    for (int64_t c0 = 0; c0 < n32; c0 += block) {
-      const int64_t c1 = std::min(n32, c0 + block);
-      const int64_t rest = StreamAvx512(x, w, part, rows, k, n, c0, c1, k0, k1);
-      StreamScalar(x, w, part, rows, k, n, c0, c1, rest, k1);
-    }
+    StreamAvx512(x, w, part, rows, k, n, n32, k0, k1);
     StreamScalar(x, w, part, rows, k, n, n32, n, k0, k1);
   } else if (HasAvx2()) {
     const int64_t n16 = n / 16 * 16;
