@@ -1,4 +1,4 @@
-"""The measurements of `scripts/benchmark.py`: decoding prompt by prompt with one configuration,
+"""The measurements of `scripts/benchmark.py`: decoding prompt by prompt with every configuration,
 the pieces of a round timed on their own and inside the loop, and Leviathan et al.'s Theorem 3.8
 predictions from the measured alpha and costs (`jaxspec.speedup`).
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import noise, speedup
-from jaxspec.bench import round_loop, timed_donated
+from jaxspec.bench import round_loop, timed_donated, timed_together
 from jaxspec.contracts import DraftContext, Prefill, buffer_length
 from jaxspec.loop import DecodeConfig, compile_generate, init_state
 from jaxspec.metrics import summarize
@@ -25,30 +25,61 @@ from jaxspec.sampling import SamplingConfig
 from jaxspec.verify import verify_greedy
 
 
-def decode_each(params, draft_params, prompts, kinds: list[str], *, target, draft,
-                config: DecodeConfig, seed: int) -> dict:
-  """Decodes every prompt alone (batch 1; one compile for all, since they share a padded length)
-  with one configuration. `prompts` is (tokens [B,P] int32, lengths [B]); `kinds` names each
-  prompt's kind (chat, grounded, ...); prompt i samples with seed `seed * 1000 + i`. Returns a
-  dict: temperature, k, wall_s, compile_s, new_tokens, target_forward_passes, drafted_tokens,
-  accepted_tokens, tokens_per_s, acceptance_rate, mean_accepted_length,
-  accepted_length_histogram, by_kind {kind: tokens_per_s, acceptance_rate,
-  mean_accepted_length}, peak_rss_mb (the process's, so far), outputs (token lists)."""
+def decode_each(params, prompts, kinds: list[str], methods: dict, *, target, seed: int,
+                repeats: int = 1) -> dict:
+  """Decodes every prompt alone (batch 1; one compile per method for all, since they share a
+  padded length) with each method, interleaved: every method is compiled and called once untimed
+  (first-call allocations), then each of `repeats` sweeps runs every prompt with every method in
+  turn (a burst of load on a shared machine hits all alike), and a method's time on a prompt is
+  its best.
+
+  Args:
+    params: the target's params; target: its `Model`.
+    prompts: (tokens `[B,P]` int32, lengths `[B]` int32); prompt i samples with seed
+      `seed * 1000 + i`.
+    kinds: each prompt's kind (chat, grounded, ...).
+    methods: name -> (draft or None, draft params, `DecodeConfig`).
+    repeats: timed sweeps, >= 1.
+  Returns:
+    name -> dict: temperature, k, wall_s (summed best seconds), compile_s, new_tokens,
+    target_forward_passes, drafted_tokens, accepted_tokens, tokens_per_s, acceptance_rate,
+    mean_accepted_length, accepted_length_histogram, by_kind {kind: tokens_per_s,
+    acceptance_rate, mean_accepted_length}, peak_rss_mb (the process's, at the end), outputs
+    (token lists).
+  Raises:
+    ValueError: repeats < 1.
+  """
+  if repeats < 1:
+    raise ValueError(f'repeats must be >= 1, got {repeats}')
   tokens, lengths = prompts
-  t0 = time.perf_counter()
-  run = compile_generate(params, draft_params, tokens[:1], lengths[:1], [seed], target=target,
-                         draft=draft, config=config)
-  compile_s = time.perf_counter() - t0
-  outputs, stats, walls = [], [], []
-  for i in range(len(tokens)):
-    key_i = row_keys([seed * 1000 + i])
+  compiled, compile_s = {}, {}
+  for name, (draft, dparams, config) in methods.items():
     t0 = time.perf_counter()
-    out = run(params, draft_params, jnp.asarray(tokens[i:i + 1]), jnp.asarray(lengths[i:i + 1]),
-              key_i)
-    jax.block_until_ready(out.tokens)
-    walls.append(time.perf_counter() - t0)
-    outputs.append(out.new_tokens()[0])
-    stats.append(summarize(out.metrics))
+    compiled[name] = compile_generate(params, dparams, tokens[:1], lengths[:1], [seed],
+                                      target=target, draft=draft, config=config)
+    compile_s[name] = time.perf_counter() - t0
+  call = lambda name, i: compiled[name](params, methods[name][1], jnp.asarray(tokens[i:i + 1]),
+                                        jnp.asarray(lengths[i:i + 1]),
+                                        row_keys([seed * 1000 + i]))
+  for name in methods:  # untimed first call: its allocations
+    jax.block_until_ready(call(name, 0).tokens)
+  walls = {name: [float('inf')] * len(tokens) for name in methods}
+  outs = {name: [None] * len(tokens) for name in methods}
+  for _ in range(repeats):
+    for i in range(len(tokens)):
+      for name in methods:
+        t0 = time.perf_counter()
+        out = call(name, i)
+        jax.block_until_ready(out.tokens)
+        walls[name][i] = min(walls[name][i], time.perf_counter() - t0)
+        outs[name][i] = out
+  peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  return {name: _decode_summary(outs[name], walls[name], kinds, methods[name][2],
+                                compile_s[name], peak_rss_mb) for name in methods}
+
+
+def _decode_summary(outs, walls, kinds, config, compile_s, peak_rss_mb) -> dict:
+  stats = [summarize(o.metrics) for o in outs]
   total = {n: sum(s[n] for s in stats) for n in ('new_tokens', 'target_forward_passes',
                                                  'drafted_tokens', 'accepted_tokens')}
   by_kind = {}
@@ -59,8 +90,7 @@ def decode_each(params, draft_params, prompts, kinds: list[str], *, target, draf
   return dict(
       temperature=config.sampling.temperature, k=config.num_draft_tokens, wall_s=sum(walls),
       compile_s=compile_s, **total, **_rates(stats, sum(walls)), accepted_length_histogram=hist,
-      by_kind=by_kind, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      outputs=outputs)
+      by_kind=by_kind, peak_rss_mb=peak_rss_mb, outputs=[o.new_tokens()[0] for o in outs])
 
 
 def _rates(stats, wall):
@@ -127,27 +157,24 @@ def time_round_parts(params, target, prompts, drafts: dict, ks, max_new_tokens: 
 
 
 def time_rounds(params, target, prompt, drafts: dict, ks, max_new_tokens: int,
-                num_rounds: int = 4) -> dict:
+                num_rounds: int = 8, reps: int = 5) -> dict:
   """Seconds per round of the real decode step (`speculative_step`, greedy) run `num_rounds`
   times in one `fori_loop` from a prefilled state: what a round costs inside `generate`, all
-  included, with no per-round dispatch. `prompt` is (tokens [1,P], lengths [1]). Returns
+  included, with no per-round dispatch. Every (draft, K) is timed interleaved with the others
+  (`bench.timed_together`, best of `reps`). `prompt` is (tokens [1,P], lengths [1]). Returns
   {name: {K: seconds}}; key 'plain' is the plain (K=0) step."""
   greedy = SamplingConfig(temperature=0)
   init = jax.jit(init_state, static_argnames=('target', 'draft', 'config'))
-  out = {}
+  jobs = {}
   for name, (draft, dparams) in [('plain', (None, None)), *drafts.items()]:
     for k in ks if draft is not None else [0]:
       statics = dict(target=target, draft=draft, config=DecodeConfig(
           num_draft_tokens=k, max_new_tokens=max_new_tokens, sampling=greedy))
       state = init(params, dparams, *prompt, row_keys([0]), **statics)
-      run = round_loop(statics, num_rounds)
-      jax.block_until_ready(run(state, params, dparams))  # compile
-      times = []
-      for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(state, params, dparams))
-        times.append(time.perf_counter() - t0)
-      out.setdefault(name, {})[k] = float(np.median(times)) / num_rounds
+      jobs[(name, k)] = (round_loop(statics, num_rounds), (state, params, dparams))
+  out = {}
+  for (name, k), seconds in timed_together(jobs, reps=reps).items():
+    out.setdefault(name, {})[k] = seconds / num_rounds
   return out
 
 

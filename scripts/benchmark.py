@@ -3,9 +3,12 @@
 
 Same prompts (the chat and grounded prompts of data/dev_prompts.jsonl, the evaluation set, chat
 template applied), same machine, batch 1, one prompt at a time; every prompt is padded to one
-length bucket so each configuration compiles once. For each configuration: tokens/s, speedup
-over our plain decoding and over transformers, acceptance rate, mean accepted length (tokens per
-target pass), the accepted-length histogram, compile time and the process's peak RSS. At
+length bucket so each configuration compiles once. Every configuration is compiled and called
+once untimed first, then timed interleaved (`--repeats` sweeps over the prompts, each prompt run
+by every configuration in turn, the best time kept per prompt), so load hits all alike. For each
+configuration: tokens/s, speedup over our plain decoding and over transformers, acceptance rate,
+mean accepted length (tokens per target pass), the accepted-length histogram, compile time, the
+MB the draft adds, and the process's peak RSS (all configurations' programs are loaded at once). At
 temperature 0 it checks that the output equals plain greedy output. It then times the pieces of
 a round (draft proposal, verify pass) on their own and the whole round inside the decode loop
 (the rest, "other", is the difference: sampling, commit, draft bookkeeping, loop carry; it
@@ -59,9 +62,10 @@ QUICK_DRAFTS = ('ngram', 'exit_trained', 'eagle')
 MODES = {
     'speed': {False: dict(out='runs/benchmark', max_new_tokens=128,
                           num_draft_tokens=[1, 2, 3, 4, 5, 6, 7, 8], temperatures=[0.0, 1.0],
-                          drafts=list(DRAFTS)),
+                          drafts=list(DRAFTS), repeats=2),
               True: dict(out='runs/benchmark', max_new_tokens=48, num_draft_tokens=[3],
-                         temperatures=[0.0], num_prompts=4, drafts=list(QUICK_DRAFTS))},
+                         temperatures=[0.0], num_prompts=4, drafts=list(QUICK_DRAFTS),
+                         repeats=1)},
     'operations': {False: dict(out='runs/operations', max_new_tokens=64, num_draft_tokens=[3],
                                temperatures=[0.0], batch_sizes=[1, 2, 4, 8, 16, 32],
                                drafts=list(DRAFTS), repeats=3),
@@ -93,8 +97,8 @@ def _parse(argv=None):
   p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=None,
                  help='operations: comma-separated; default 1,2,4,8,16,32 (quick 1,4,16)')
   p.add_argument('--repeats', type=cli.positive_int, default=None,
-                 help='operations: timed sweeps over the requests per configuration, the '
-                 'fastest kept; default 3 (quick 1)')
+                 help='timed sweeps over the prompts (every configuration in turn), the fastest '
+                 'kept per prompt; default: speed 2, operations 3 (--quick: 1)')
   p.add_argument('--drafts', type=cli.choices_of(DRAFTS), default=None,
                  help=f'comma-separated, from {",".join(DRAFTS)}; default: all (--quick: '
                  f'{",".join(QUICK_DRAFTS)})')
@@ -113,8 +117,6 @@ def _parse(argv=None):
                  'runs/operations)')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
-  if args.mode == 'speed' and args.repeats is not None:
-    p.error('--repeats applies to --mode operations only')
   for name, value in MODES[args.mode][args.quick].items():
     if getattr(args, name) in (None, 0):
       setattr(args, name, value)
@@ -135,17 +137,12 @@ def _build_drafts(args, config, params):
   return drafts
 
 
-def run_config(params, target, tok, prompts, entry, k, temperature, args, kinds):
-  """`jaxspec.bench_rounds.decode_each` with one configuration, plus the MB the draft adds
-  (its own params and KV cache at batch 1)."""
-  draft, dparams = entry or (None, None)
-  config = _config(args, tok, k, temperature)
-  r = bench_rounds.decode_each(params, dparams, prompts, kinds, target=target, draft=draft,
-                               config=config, seed=args.seed)
+def _draft_extra_mb(entry, params, prompts, args, k):
+  """The MB a draft adds at batch 1: its own params and its KV cache / state."""
+  draft, dparams = entry
   buffer_len = js.buffer_length(prompts[0].shape[1], args.max_new_tokens, k)
-  r['draft_extra_mb'] = (bench.own_param_bytes(dparams, params) +
-                         bench.draft_cache_bytes(draft, 1, buffer_len)) / 2**20
-  return r
+  return (bench.own_param_bytes(dparams, params) +
+          bench.draft_cache_bytes(draft, 1, buffer_len)) / 2**20
 
 
 def run_peers(args, prompts_tok, tok, gguf_path):
@@ -260,24 +257,28 @@ def _speed(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf_path
   ks, temps = args.num_draft_tokens, args.temperatures
   print(f'{len(rows)} prompts (padded to {prompts[0].shape[1]} tokens), '
         f'{args.max_new_tokens} new tokens, K in {ks}, T in {temps}, drafts {list(drafts)}')
-  results, plain = [], {}
-  for temp in temps:
-    r = run_config(params, target, tok, prompts, None, 0, temp, args, kinds)
-    plain[temp] = r
-    results.append(dict(method='plain', **r))
-    print(f"plain T={temp:g}: {r['tokens_per_s']:.1f} tok/s (compile {r['compile_s']:.1f} s)",
-          flush=True)
-  for name, entry in drafts.items():
+  methods = {('plain', 0, t): (None, None, _config(args, tok, 0, t)) for t in temps}
+  for name, (draft, dparams) in drafts.items():
     for k in ks:
-      for temp in temps:
-        r = run_config(params, target, tok, prompts, entry, k, temp, args, kinds)
-        if temp == 0:
-          r['matches_plain'] = r['outputs'] == plain[temp]['outputs']
-        results.append(dict(method=name, **r))
-        print(f"{name} K={k} T={temp:g}: {r['tokens_per_s']:.1f} tok/s, accept "
-              f"{r['acceptance_rate']:.3f} ({kind_acc(r)}), {r['mean_accepted_length']:.2f} "
-              f"tok/pass"
-              + (f", matches plain: {r['matches_plain']}" if temp == 0 else ''), flush=True)
+      for t in temps:
+        methods[(name, k, t)] = (draft, dparams, _config(args, tok, k, t))
+  print(f'{len(methods)} configurations, compiled first, then timed interleaved over '
+        f'{args.repeats} sweep(s)', flush=True)
+  decoded = bench_rounds.decode_each(params, prompts, kinds, methods, target=target,
+                                     seed=args.seed, repeats=args.repeats)
+  results, plain = [], {t: decoded[('plain', 0, t)] for t in temps}
+  for (name, k, t), r in decoded.items():
+    if name == 'plain':
+      r['draft_extra_mb'] = 0.0
+      print(f"plain T={t:g}: {r['tokens_per_s']:.1f} tok/s (compile {r['compile_s']:.1f} s)")
+    else:
+      r['draft_extra_mb'] = _draft_extra_mb(drafts[name], params, prompts, args, k)
+      if t == 0:
+        r['matches_plain'] = r['outputs'] == plain[t]['outputs']
+      print(f"{name} K={k} T={t:g}: {r['tokens_per_s']:.1f} tok/s, accept "
+            f"{r['acceptance_rate']:.3f} ({kind_acc(r)}), {r['mean_accepted_length']:.2f} "
+            f"tok/pass" + (f", matches plain: {r['matches_plain']}" if t == 0 else ''))
+    results.append(dict(method=name, **r))
   plain_tps = {t: plain[t]['tokens_per_s'] for t in temps}
   for r in results:
     r['speedup_vs_plain'] = r['tokens_per_s'] / plain_tps[r['temperature']]
