@@ -165,6 +165,15 @@ class Draft(Protocol):
   def init(self, params: Any, prefill: Prefill) -> Any:
     """The draft's state after the prompt (e.g. a prefilled KV cache), or None."""
 
+  def ready(self, params: Any, state: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """`[B]` bool: the rows this draft will propose for in the coming round (`propose` gives the
+    others `num_proposed` 0), decided from the committed tokens (`tokens [B,S]` int32, `lengths
+    [B]` int32) and the draft's own state only, so a schedule may pick K from it and every exact
+    verifier stays exact. Default: every row (a model always has a proposal); n-gram lookup is
+    ready where a match exists (vLLM and transformers propose nothing without one)."""
+    del params, state, tokens
+    return jnp.ones(lengths.shape, bool)
+
   def propose(self, params: Any, state: Any, ctx: DraftContext) -> Proposal:
     """Drafts K tokens for every row; each token must be drawn with `ctx.draw` from the q that
     is returned."""
@@ -200,7 +209,8 @@ class Schedule(Protocol):
   The loop compiles one branch per K in `branches(K_max)` (one runs per round: shapes stay fixed and
   nothing recompiles) and each round runs the branch `choose` returns; `update` then sees the
   metrics before and after the round. State is a pytree carried in the loop. K depends only on
-  rounds already committed, so every exact verifier stays exact.
+  rounds already committed and on the draft's readiness (itself a function of them), so every
+  exact verifier stays exact.
   """
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
@@ -209,8 +219,9 @@ class Schedule(Protocol):
   def init(self, batch_size: int, max_draft_tokens: int) -> Any:
     """The schedule's state before the first round."""
 
-  def choose(self, state: Any, active: jax.Array) -> jax.Array:
-    """active `[B]` bool (rows still decoding) -> int32 scalar, an index into `branches`."""
+  def choose(self, state: Any, active: jax.Array, ready: jax.Array) -> jax.Array:
+    """active `[B]` bool (rows still decoding), ready `[B]` bool (rows the draft will propose
+    for, `Draft.ready`) -> int32 scalar, an index into `branches`."""
 
   def update(self, state: Any, before: Any, after: Any, active: jax.Array) -> Any:
     """The state after a round, from the `jaxspec.metrics.Metrics` before and after it."""

@@ -20,10 +20,6 @@ from jaxspec.contracts import Draft, DraftContext, Prefill, Proposal, Scored
 from jaxspec.sampling import process_logits
 
 
-def _all_proposed(ctx: DraftContext):
-  return jnp.full(ctx.lengths.shape, ctx.num_draft_tokens, jnp.int32)
-
-
 def _empty(ctx: DraftContext, state, target_cache) -> Proposal:
   """Nothing drafted (a K = 0 round under a schedule)."""
   b = ctx.lengths.shape[0]
@@ -80,8 +76,10 @@ class ModelDraft(Draft):
 @dataclasses.dataclass(frozen=True)
 class NGramDraft(Draft):
   """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the
-  row's last n tokens (n from `max_ngram` down to `min_ngram`). Its q is one-hot, so exact
-  sampling stays exact. No parameters, no cache.
+  row's last n tokens (n from `max_ngram` down to `min_ngram`); a row with no such occurrence
+  proposes nothing and is not `ready` (as vLLM's and transformers' prompt lookup), so a schedule
+  can run a plain round there. Its q is one-hot, so exact sampling stays exact. No parameters,
+  no cache.
 
   Raises:
     ValueError: unless 1 <= min_ngram <= max_ngram.
@@ -98,14 +96,19 @@ class NGramDraft(Draft):
     del params, prefill
     return None
 
+  def ready(self, params, state, tokens, lengths):
+    del params, state
+    return ngram.match_end(tokens, lengths, self.max_ngram, self.min_ngram) >= 0
+
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
-    del params
     if ctx.num_draft_tokens == 0:
       return _empty(ctx, state, ctx.target_cache)
-    tokens = ngram.lookup(ctx.tokens, ctx.lengths, ctx.num_draft_tokens, self.max_ngram,
-                          self.min_ngram)
+    del params
+    end = ngram.match_end(ctx.tokens, ctx.lengths, self.max_ngram, self.min_ngram)
+    tokens = ngram.continuation(ctx.tokens, ctx.lengths, end, ctx.num_draft_tokens)
     q = jax.nn.one_hot(tokens, ctx.vocab_size, dtype=jnp.float32)
-    return Proposal(tokens, q, _all_proposed(ctx), state, ctx.target_cache)
+    num = jnp.where(end >= 0, ctx.num_draft_tokens, 0).astype(jnp.int32)
+    return Proposal(tokens, q, num, state, ctx.target_cache)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -340,7 +340,10 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
                               config=dataclasses.replace(config, num_draft_tokens=k,
                                                          schedule=None))
             for k in schedule.branches(config.num_draft_tokens)]
-  index = schedule.choose(state.schedule, ~state.done)
+  active = ~state.done
+  ready = active if draft is None else draft.ready(draft_params, state.draft_state, state.tokens,
+                                                   state.lengths)
+  index = schedule.choose(state.schedule, active, ready)
   new = _switch_in_place(index, rounds, dataclasses.replace(state, schedule=None), target_params,
                          draft_params)
   return dataclasses.replace(new, schedule=schedule.update(state.schedule, state.metrics,

@@ -49,8 +49,8 @@ class Heuristic:
     del batch_size
     return jnp.int32(min(self.initial or max_draft_tokens, max_draft_tokens))
 
-  def choose(self, state, active):
-    del active
+  def choose(self, state, active, ready):
+    del active, ready
     return state - 1
 
   def update(self, state, before: Metrics, after: Metrics, active):
@@ -143,15 +143,19 @@ class CostModel:
     batch = jnp.stack(batch)
     return (state.accepted + w * batch) / (state.reached + w), batch
 
-  def expected_tokens(self, state: CostModelState, active) -> jax.Array:
+  def expected_tokens(self, state: CostModelState, active, ready=None) -> jax.Array:
     """Expected tokens committed by one round at each K of `ks`, summed over active rows:
-    `[len(ks)]` float32."""
+    `[len(ks)]` float32. A row the draft is not ready for (`ready [B]` bool; default all)
+    commits one token at every K."""
+    ready = active if ready is None else active & ready
     reach = jnp.cumprod(self.rates(state, active)[0], axis=1)  # P(token i and all before accepted)
     per_k = 1 + jnp.pad(jnp.cumsum(reach, axis=1), ((0, 0), (1, 0)))  # [B, K+1], E at K = 0..
-    return jnp.sum(jnp.where(active[:, None], per_k[:, np.array(self.ks)], 0.0), axis=0)
+    per_k = jnp.where(ready[:, None], per_k[:, np.array(self.ks)], 1.0)
+    return jnp.sum(jnp.where(active[:, None], per_k, 0.0), axis=0)
 
-  def choose(self, state: CostModelState, active):
-    rate = self.expected_tokens(state, active) / jnp.asarray(self.round_seconds, jnp.float32)
+  def choose(self, state: CostModelState, active, ready):
+    rate = (self.expected_tokens(state, active, ready) /
+            jnp.asarray(self.round_seconds, jnp.float32))
     index = jnp.argmax(rate).astype(jnp.int32)
     positive = [i for i, k in enumerate(self.ks) if k > 0]
     if positive:
@@ -159,7 +163,8 @@ class CostModel:
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
       index = jnp.where(unseen & (index > positive[0]), positive[0], index)
       if self.probe_every and self.ks[0] == 0:
-        probe = (index == 0) & (state.plain_rounds >= self.probe_every)
+        probe = ((index == 0) & (state.plain_rounds >= self.probe_every) &
+                 jnp.any(active & ready))
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
 

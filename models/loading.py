@@ -115,21 +115,27 @@ def _place(config, params, mesh):
 DEFAULT_NGRAM = 3  # `ngram` is `ngram:3`
 
 
-def parse_draft_spec(spec: str) -> tuple[str, int | str]:
-  """Checks a draft spec before anything loads: `('ngram', N)`, `('early-exit', N)` or
-  `('path', spec)` for an existing path. (The layer bound of early-exit:N needs the model's
-  metadata: `check_early_exit`; `load_draft` checks it too.) Raises ValueError saying what is
-  wrong."""
+def parse_draft_spec(spec: str) -> tuple[str, int | tuple[int, int] | str]:
+  """Checks a draft spec before anything loads: `('ngram', (N, M))` (the longest and shortest
+  n-gram tried), `('early-exit', N)` or `('path', spec)` for an existing path. (The layer bound
+  of early-exit:N needs the model's metadata: `check_early_exit`; `load_draft` checks it too.)
+  Raises ValueError saying what is wrong."""
   name, sep, arg = spec.partition(':')
-  if name in ('ngram', 'early-exit') and (sep or name == 'early-exit'):
+  if name == 'early-exit':
     if not (arg.isdigit() and int(arg) >= 1):
-      raise ValueError(f'{spec!r}: N must be an integer >= 1 ({name}:N)')
+      raise ValueError(f'{spec!r}: N must be an integer >= 1 (early-exit:N)')
     return name, int(arg)
+  if name == 'ngram' and sep:
+    parts = arg.split(':')
+    if not (len(parts) <= 2 and all(p.isdigit() for p in parts) and
+            1 <= int(parts[-1]) <= int(parts[0])):
+      raise ValueError(f'{spec!r}: need ngram:N or ngram:N:M with integers 1 <= M <= N')
+    return name, (int(parts[0]), int(parts[-1]) if len(parts) == 2 else 1)
   if spec == 'ngram':
-    return 'ngram', DEFAULT_NGRAM
+    return 'ngram', (DEFAULT_NGRAM, 1)
   if os.path.exists(spec):
     return 'path', spec
-  raise ValueError(f'{spec!r} is neither ngram, ngram:N, early-exit:N nor an existing path')
+  raise ValueError(f'{spec!r} is neither ngram, ngram:N[:M], early-exit:N nor an existing path')
 
 
 def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None,
@@ -137,7 +143,8 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
   """Builds a draft from a command-line spec.
 
   Args:
-    spec: `ngram` (prompt lookup), `ngram:N` (longest n-gram N), `early-exit:N` (the target's
+    spec: `ngram` (prompt lookup), `ngram:N` (longest n-gram N), `ngram:N:M` (n from N down to
+      M; a row with no match of at least M tokens proposes nothing), `early-exit:N` (the target's
       first N layers with its final norm and head, sharing its weights and KV cache), or a path to
       a draft checkpoint. A checkpoint with another vocabulary is wrapped in
       `jaxspec.vocab.VocabMappedDraft` (token-level intersection): from both tokenizers when the
@@ -152,7 +159,7 @@ def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', 
   import jaxspec  # pylint: disable=g-import-not-at-top
   name, n = parse_draft_spec(spec)
   if name == 'ngram':
-    return jaxspec.NGramDraft(max_ngram=n), None
+    return jaxspec.NGramDraft(max_ngram=n[0], min_ngram=n[1]), None
   if name == 'early-exit':
     if not 1 <= n < target_config.num_layers:
       raise ValueError(f'early-exit:{n} needs 1 <= N < {target_config.num_layers} (the '

@@ -120,6 +120,26 @@ def test_ngram_lookup_matches_python_reference():
     assert got == expected, (seq, got, expected)
 
 
+def test_ngram_draft_proposes_only_where_a_match_exists():
+  """`match_end` finds the latest occurrence for the longest n in [M, N] (-1 without one);
+  `NGramDraft` is ready, and proposes K tokens, exactly where it finds one, and nothing elsewhere
+  (as vLLM's and transformers' prompt lookup)."""
+  buf = jnp.asarray([[5, 6, 7, 8, 9, 1, 5, 6, 0, 0, 0, 0],     # "5 6" occurred: a 2-gram match
+                     [1, 2, 3, 4, 2, 0, 0, 0, 0, 0, 0, 0],     # only the 1-gram "2"
+                     [1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0, 0]])    # nothing
+  lengths = jnp.array([8, 5, 5])
+  np.testing.assert_array_equal(js.ngram.match_end(buf, lengths, 3, 1), [1, 1, -1])
+  np.testing.assert_array_equal(js.ngram.match_end(buf, lengths, 3, 2), [1, -1, -1])
+  ctx = js.DraftContext(buf, lengths, None, js.noise.row_keys([0, 1, 2]), 3, js.SamplingConfig(temperature=0),
+                        16, 0)
+  for draft, ready in [(js.NGramDraft(3, 1), [True, True, False]),
+                       (js.NGramDraft(3, 2), [True, False, False])]:
+    np.testing.assert_array_equal(draft.ready(None, None, buf, lengths), ready)
+    proposal = draft.propose(None, None, ctx)
+    np.testing.assert_array_equal(proposal.num_proposed, np.where(ready, 3, 0))
+    assert proposal.tokens[0].tolist() == [7, 8, 9]
+
+
 def test_ngram_copies_a_repeated_phrase():
   buf = jnp.asarray([[5, 6, 7, 8, 9, 1, 5, 6, 0, 0, 0, 0]])
   assert js.ngram.lookup(buf, jnp.array([8]), 3, 2)[0].tolist() == [7, 8, 9]

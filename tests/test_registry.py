@@ -100,9 +100,12 @@ def test_draft_specs_through_the_one_loader():
   draft, dparams = loading.load_draft('ngram', config, params)
   assert draft == js.NGramDraft(max_ngram=3) and dparams is None
   assert loading.load_draft('ngram:5', config, params)[0] == js.NGramDraft(max_ngram=5)
+  assert loading.load_draft('ngram:3:2', config, params)[0] == js.NGramDraft(3, 2)
   draft, dparams = loading.load_draft('early-exit:1', config, params)
   assert draft.shares_target_cache and dparams is params
-  for spec, match in [('early-exit:2', 'needs 1 <= N < 2'), ('ngram:0', 'N must be an integer'),
+  for spec, match in [('early-exit:2', 'needs 1 <= N < 2'), ('ngram:0', 'integers 1 <= M <= N'),
+                      ('ngram:2:3', 'integers 1 <= M <= N'), ('ngram:3:0', '1 <= M <= N'),
+                      ('ngram:3:2:1', 'ngram:N:M'), ('early-exit:x', 'N must be an integer'),
                       ('/missing', 'neither ngram')]:
     with pytest.raises(ValueError, match=match):
       loading.load_draft(spec, config, params)

@@ -32,7 +32,7 @@ class Cycle:
   def init(self, batch_size, max_draft_tokens):
     return jnp.int32(0)
 
-  def choose(self, state, active):
+  def choose(self, state, active, ready):
     return jnp.asarray(self.ks, jnp.int32)[state % len(self.ks)]
 
   def update(self, state, before, after, active):
@@ -177,10 +177,11 @@ def test_cost_model_rule():
   # Prior 0.5 everywhere: E = 1, 1.5, 1.75, 1.9375 tokens; per second 1, 1, 1.09, 0.97, so the
   # argmax is K = 2; but nothing has been examined yet, so the first round drafts one token.
   np.testing.assert_allclose(model.rates(state, active)[1], [0.5] * 4)
-  assert int(model.choose(state, active)) == 1
+  assert int(model.choose(state, active, active)) == 1
   seen = dataclasses.replace(state, reached=state.reached.at[1, 0].set(1e-3))
-  assert int(model.choose(seen, active)) == 2
-  assert int(model.choose(seen, jnp.array([True, False]))) == 1  # only an inactive row has seen
+  assert int(model.choose(seen, active, active)) == 2
+  only_first = jnp.array([True, False])
+  assert int(model.choose(seen, only_first, only_first)) == 1  # only an inactive row has seen
   state = model.update(state, *_metrics([4, 2], [1, 2]), active)  # row 0 rejects its 2nd token
   np.testing.assert_allclose(state.reached, [[1, 1, 0, 0], [1, 1, 0, 0]])
   np.testing.assert_allclose(state.accepted, [[1, 0, 0, 0], [1, 1, 0, 0]])
@@ -194,14 +195,35 @@ def test_cost_model_rule():
     e = [sum(1 + sum(np.prod(a[:j + 1]) for j in range(k)) for a in alpha[np.array(mask)])
          for k in model.ks]
     np.testing.assert_allclose(model.expected_tokens(state, jnp.array(mask)), e, rtol=1e-6)
-    assert int(model.choose(state, jnp.array(mask))) == int(np.argmax(np.array(e) /
-                                                                       model.round_seconds))
+    assert int(model.choose(state, jnp.array(mask), jnp.array(mask))) == int(
+        np.argmax(np.array(e) / model.round_seconds))
   plain = model.update(state, *_metrics([0, 0], [0, 0]), active)
   assert int(plain.plain_rounds) == 1 and np.array_equal(plain.reached, state.reached)
   bad = js.CostModel(ks=(0, 1), round_seconds=(1.0, 2.0), probe_every=2)
   off = bad.init(2, 1)
-  assert int(bad.choose(off, active)) == 0
-  assert int(bad.choose(dataclasses.replace(off, plain_rounds=jnp.int32(2)), active)) == 1
+  assert int(bad.choose(off, active, active)) == 0
+  assert int(bad.choose(dataclasses.replace(off, plain_rounds=jnp.int32(2)), active, active)) == 1
+  # No row the draft is ready for: no probe either.
+  assert int(bad.choose(dataclasses.replace(off, plain_rounds=jnp.int32(2)), active,
+                        ~active)) == 0
+
+
+def test_cost_model_counts_one_token_for_rows_not_ready():
+  """A row the draft will not propose for (`Draft.ready` False) commits one token at every K,
+  so a round where no row is ready is plain, and a ready row alone decides the K."""
+  model = js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 1.1, 1.2), prior_weight=1.0)
+  active = jnp.array([True, True])
+  state = model.init(2, 2)
+  state = dataclasses.replace(state, reached=jnp.array([[10.0, 10.0], [10.0, 10.0]]),
+                              accepted=jnp.array([[9.0, 9.0], [0.0, 0.0]]))
+  alpha = np.asarray(model.rates(state, active)[0])
+  per_row = [[1 + sum(np.prod(a[:j + 1]) for j in range(k)) for k in model.ks] for a in alpha]
+  np.testing.assert_allclose(model.expected_tokens(state, active, jnp.array([True, False])),
+                             np.array(per_row[0]) + 1, rtol=1e-6)
+  np.testing.assert_allclose(model.expected_tokens(state, active, ~active), [2.0, 2.0, 2.0])
+  assert int(model.choose(state, active, ~active)) == 0
+  assert int(model.choose(state, active, jnp.array([True, False]))) == 2
+  assert int(model.choose(state, active, jnp.array([False, True]))) == 0
 
 
 def test_heuristic_rule():
@@ -214,7 +236,7 @@ def test_heuristic_rule():
   assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), active)) == 2
   assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), jnp.array([True, False]))) == 4
   assert int(h.update(jnp.int32(1), *_metrics([1, 1], [0, 0]), active)) == 1
-  assert int(h.choose(jnp.int32(3), active)) == 2  # index of K = 3 in branches 1..4
+  assert int(h.choose(jnp.int32(3), active, active)) == 2  # index of K = 3 in branches 1..4
 
 
 @pytest.mark.parametrize('name', ['perfect', 'useless'])
