@@ -8,7 +8,9 @@
   E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
   rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
   does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft,
-  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0.
+  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0; each
+  probe doubles the wait before the next (up to `max_probe_every`), and a round that drafts on
+  the rates' merit resets it.
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -65,11 +67,13 @@ class Heuristic:
 class CostModelState:
   """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
   examined: drafted, every token before it accepted) and accepted; plain_rounds, an int32
-  scalar: rounds in a row that drafted nothing."""
+  scalar: rounds in a row that drafted nothing; probe_wait, an int32 scalar: the plain rounds
+  in a row after which the next round probes."""
 
   reached: jax.Array
   accepted: jax.Array
   plain_rounds: jax.Array
+  probe_wait: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +98,10 @@ class CostModel:
     decay: the discount of older observations, in (0, 1] (1 = only the latest counts).
     prior_weight: how many observations the prior counts for, > 0.
     probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0
-      (plain rounds observe nothing); 0 = never (speculation, once off, stays off).
+      (plain rounds observe nothing); 0 = never (speculation, once off, stays off). Each probe
+      doubles the wait for the next one, up to `max_probe_every` (a probe at batch 16 costs
+      about two plain rounds here); a round that drafts without being a probe resets it.
+    max_probe_every: the longest wait between probes, >= probe_every.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
       costs, or prior, decay, prior_weight, probe_every out of range.
@@ -106,6 +113,7 @@ class CostModel:
   decay: float = 0.1
   prior_weight: float = 1.0
   probe_every: int = 16
+  max_probe_every: int = 256
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -116,10 +124,10 @@ class CostModel:
     if not all(c > 0 for c in self.round_seconds):
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
-            self.probe_every >= 0):
-      raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
-                       f'>= 0; got {self.prior}, {self.decay}, {self.prior_weight}, '
-                       f'{self.probe_every}')
+            0 <= self.probe_every <= self.max_probe_every):
+      raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, 0 <= '
+                       f'probe_every <= max_probe_every; got {self.prior}, {self.decay}, '
+                       f'{self.prior_weight}, {self.probe_every}, {self.max_probe_every}')
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
     if self.ks[-1] > max_draft_tokens:
@@ -129,7 +137,7 @@ class CostModel:
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
     zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
-    return CostModelState(zeros, zeros, jnp.int32(0))
+    return CostModelState(zeros, zeros, jnp.int32(0), jnp.int32(self.probe_every))
 
   def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
     """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts."""
@@ -163,7 +171,7 @@ class CostModel:
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
       index = jnp.where(unseen & (index > positive[0]), positive[0], index)
       if self.probe_every and self.ks[0] == 0:
-        probe = ((index == 0) & (state.plain_rounds >= self.probe_every) &
+        probe = ((index == 0) & (state.plain_rounds >= state.probe_wait) &
                  jnp.any(active & ready))
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
@@ -172,9 +180,13 @@ class CostModel:
     reached, accepted = _round_outcome(before, after)
     seen, keep = reached > 0, 1 - self.decay
     drafted = jnp.any(after.drafted > before.drafted)
+    probed = drafted & (state.plain_rounds >= state.probe_wait)
+    wait = jnp.where(probed, jnp.minimum(2 * state.probe_wait, self.max_probe_every),
+                     jnp.where(drafted, self.probe_every, state.probe_wait))
     return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
                           jnp.where(seen, keep * state.accepted + accepted, state.accepted),
-                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
+                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32),
+                          wait.astype(jnp.int32))
 
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,

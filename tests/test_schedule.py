@@ -208,6 +208,30 @@ def test_cost_model_rule():
                         ~active)) == 0
 
 
+def test_probes_back_off_and_drafting_on_merit_resets_the_wait():
+  """A draft that never pays is probed after probe_every plain rounds, then after twice as many
+  after each probe, up to max_probe_every; once a probe is accepted and the rates make drafting
+  pay, a round drafted on that merit brings the wait back to probe_every."""
+  model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.2), prior=0.0, decay=1.0,
+                       probe_every=2, max_probe_every=5)
+  active = jnp.array([True, True])
+  state = model.init(2, 4)
+
+  def run(rounds, accept):
+    nonlocal state
+    ks = []
+    for _ in range(rounds):
+      k = int(model.choose(state, active, active))
+      ks.append(k)
+      state = model.update(state, *_metrics([k, k], [k * accept] * 2), active)
+    return ks
+
+  assert run(16, accept=0) == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]
+  assert int(state.probe_wait) == 5
+  assert run(6, accept=1) == [0, 0, 0, 1, 1, 1]  # the probe after 5 plain rounds, then merit
+  assert int(state.probe_wait) == 2
+
+
 def test_cost_model_counts_one_token_for_rows_not_ready():
   """A row the draft will not propose for (`Draft.ready` False) commits one token at every K,
   so a round where no row is ready is plain, and a ready row alone decides the K."""
