@@ -1,8 +1,8 @@
 """What the adaptive-K switch costs: plain decoding against `auto` forced to K = 0 every round
 (a cost model whose drafting rounds cost 10x, no probes), with 5 and with 2 compiled branches, on
-one prompt; warm runs, interleaved, wall ms each.
+one prompt (decoded by --batch-size rows together); warm runs, interleaved, wall ms each.
 
-  .venv/bin/python scripts/bench_switch.py
+  .venv/bin/python scripts/bench_switch.py [--batch-size 16]
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ def main(argv=None):
   p.add_argument('--prompt', default='Tell me about the history of Rome in a few sentences.')
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=48)
   p.add_argument('--repeats', type=cli.positive_int, default=3)
+  p.add_argument('--batch-size', type=cli.positive_int, default=1,
+                 help='rows decoding the prompt together (default 1)')
   args = p.parse_args(argv)
   config, params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)
-  tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)], pad_id=tok.pad_id)
+  tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)] * args.batch_size,
+                                   pad_id=tok.pad_id)
   greedy = js.SamplingConfig(temperature=0)
   off = lambda k: js.CostModel(ks=tuple(range(k + 1)), round_seconds=(1.0,) + (10.0,) * k,
                                probe_every=0)
@@ -35,7 +38,7 @@ def main(argv=None):
   methods = {'plain': (None, None, cfg(0)),
              'auto, 5 branches, K=0': (draft, None, cfg(4, schedule=off(4))),
              'auto, 2 branches, K=0': (draft, None, cfg(1, schedule=off(1)))}
-  runs = bench_rounds.time_methods(params, [(tokens, lengths, np.zeros(1, int))], methods,
+  runs = bench_rounds.time_methods(params, [(tokens, lengths, np.arange(args.batch_size))], methods,
                                    target=loading.forward_for(config), repeats=args.repeats)
   for name, r in runs.items():
     print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, rounds by K '
