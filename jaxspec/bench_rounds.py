@@ -52,27 +52,9 @@ def decode_each(params, prompts, kinds: list[str], methods: dict, *, target, see
   if repeats < 1:
     raise ValueError(f'repeats must be >= 1, got {repeats}')
   tokens, lengths = prompts
-  compiled, compile_s = {}, {}
-  for name, (draft, dparams, config) in methods.items():
-    t0 = time.perf_counter()
-    compiled[name] = compile_generate(params, dparams, tokens[:1], lengths[:1], [seed],
-                                      target=target, draft=draft, config=config)
-    compile_s[name] = time.perf_counter() - t0
-  call = lambda name, i: compiled[name](params, methods[name][1], jnp.asarray(tokens[i:i + 1]),
-                                        jnp.asarray(lengths[i:i + 1]),
-                                        row_keys([seed * 1000 + i]))
-  for name in methods:  # untimed first call: its allocations
-    jax.block_until_ready(call(name, 0).tokens)
-  walls = {name: [float('inf')] * len(tokens) for name in methods}
-  outs = {name: [None] * len(tokens) for name in methods}
-  for _ in range(repeats):
-    for i in range(len(tokens)):
-      for name in methods:
-        t0 = time.perf_counter()
-        out = call(name, i)
-        jax.block_until_ready(out.tokens)
-        walls[name][i] = min(walls[name][i], time.perf_counter() - t0)
-        outs[name][i] = out
+  batches = [(tokens[i:i + 1], lengths[i:i + 1], [seed * 1000 + i]) for i in range(len(tokens))]
+  outs, walls, compile_s = _run_interleaved(params, batches, methods, target=target,
+                                            repeats=repeats)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   return {name: _decode_summary(outs[name], walls[name], kinds, methods[name][2],
                                 compile_s[name], peak_rss_mb) for name in methods}
@@ -226,6 +208,14 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
     and per batch: batch_seconds (its best), batch_rounds (loop iterations: the most target
     passes of a row), batch_new_tokens.
   """
+  outs, best, compile_s = _run_interleaved(params, batches, methods, target=target,
+                                           repeats=repeats)
+  return {name: _method_summary(outs[name], best[name], compile_s[name]) for name in methods}
+
+
+def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
+  """`time_methods`' and `decode_each`'s runs: (outputs {name: [per batch]}, best seconds {name:
+  [per batch]}, compile seconds {name: s})."""
   compiled = {}
   for name, (draft, dp, config) in methods.items():
     compiled[name] = wall_time(lambda: compile_generate(
@@ -241,7 +231,7 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
         out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))
         best[name][i], outs[name][i] = min(best[name][i], s), out
-  return {name: _method_summary(outs[name], best[name], compiled[name][1]) for name in methods}
+  return outs, best, {name: c[1] for name, c in compiled.items()}
 
 
 def _method_summary(outs, batch_seconds, compile_s):

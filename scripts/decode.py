@@ -51,7 +51,8 @@ def parse_args(argv=None):
                  'this (0 = never)')
   p.add_argument('--draft', default='ngram',
                  type=cli.parsed_by(loading.parse_draft_spec, keep_text=True),
-                 help='ngram | ngram:N | ngram:N:M | early-exit:N | PATH (a draft checkpoint or model)')
+                 help='ngram | ngram:N | ngram:N:M | early-exit:N | PATH (a draft checkpoint or '
+                 'model)')
   p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=cli.nonnegative_int, default=0, help='0 = off')
   p.add_argument('--top-p', type=cli.fraction, default=1.0,

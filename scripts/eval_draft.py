@@ -29,7 +29,8 @@ def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   cli.add_model_flags(p, dtype=False)
   p.add_argument('--drafts', type=cli.list_of(cli.parsed_by(loading.parse_draft_spec, keep_text=True)),
-                 required=True, help='comma-separated: ngram | ngram:N | ngram:N:M | early-exit:N | PATH')
+                 required=True,
+                 help='comma-separated: ngram | ngram:N | ngram:N:M | early-exit:N | PATH')
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=[1, 3],
                  help='comma-separated list of K')
   p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=[0.0])

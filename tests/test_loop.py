@@ -130,8 +130,8 @@ def test_ngram_draft_proposes_only_where_a_match_exists():
   lengths = jnp.array([8, 5, 5])
   np.testing.assert_array_equal(js.ngram.match_end(buf, lengths, 3, 1), [1, 1, -1])
   np.testing.assert_array_equal(js.ngram.match_end(buf, lengths, 3, 2), [1, -1, -1])
-  ctx = js.DraftContext(buf, lengths, None, js.noise.row_keys([0, 1, 2]), 3, js.SamplingConfig(temperature=0),
-                        16, 0)
+  ctx = js.DraftContext(buf, lengths, None, js.noise.row_keys([0, 1, 2]), 3,
+                        js.SamplingConfig(temperature=0), 16, 0)
   for draft, ready in [(js.NGramDraft(3, 1), [True, True, False]),
                        (js.NGramDraft(3, 2), [True, False, False])]:
     np.testing.assert_array_equal(draft.ready(None, None, buf, lengths), ready)
