@@ -13,7 +13,10 @@ tiny-Llama decode loop 5.4 -> 1.7 s) while the real-weight tests run slower (tes
 XLA's defaults. `JAXSPEC_TEST_XLA_FLAGS` replaces these flags (to measure or compare).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + os.environ.get(
     'JAXSPEC_TEST_XLA_FLAGS', ' --xla_backend_optimization_level=0'
@@ -23,6 +26,17 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_debug_key_reuse', True)
 jax.config.update('jax_default_matmul_precision', 'highest')
+
+# One compilation cache for the run, shared by its workers: a program that another test file
+# (or the other worker) already compiled is loaded instead of compiled again. The directory is
+# new for each run (made by the controlling process, inherited by the workers, removed at the
+# end), so a run never reuses what an earlier one compiled.
+if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAXSPEC_TEST_COMPILE_CACHE' not in os.environ:
+  os.environ['JAXSPEC_TEST_COMPILE_CACHE'] = tempfile.mkdtemp(prefix='jaxspec-test-xla-')
+  atexit.register(shutil.rmtree, os.environ['JAXSPEC_TEST_COMPILE_CACHE'], ignore_errors=True)
+jax.config.update('jax_compilation_cache_dir', os.environ['JAXSPEC_TEST_COMPILE_CACHE'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.3)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
