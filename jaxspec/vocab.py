@@ -100,6 +100,11 @@ class VocabMappedDraft(Draft):
     tokens = to_draft_ids(prefill.prompt_tokens, params['target_to_draft'], self.fallback_id)
     return self.inner.init(params['draft'], dataclasses.replace(prefill, prompt_tokens=tokens))
 
+  def ready(self, params, state, tokens, lengths):
+    """The inner draft's readiness on the committed tokens in draft ids."""
+    tokens = to_draft_ids(tokens, params['target_to_draft'], self.fallback_id)
+    return self.inner.ready(params['draft'], state, tokens, lengths)
+
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
     d2t, t2d = params['draft_to_target'], params['target_to_draft']
     inner_ctx = _MappedContext(

@@ -107,3 +107,14 @@ def test_other_vocabulary_draft_gives_plain_tokens(sampling, verifier):
 def test_feature_or_shared_cache_drafts_refused():
   with pytest.raises(ValueError, match='another vocabulary'):
     vocab.VocabMappedDraft(js.ModelDraft(toys.TableModel(), shares_target_cache=True))
+
+
+def test_readiness_is_the_inner_drafts():
+  """A wrapped n-gram draft is ready where the n-gram draft finds a match in the mapped ids
+  (the last token seen before), not on every row as a model draft is."""
+  mapped = vocab.VocabMappedDraft(js.NGramDraft())
+  tokens = jnp.asarray([[1, 3, 1, 0], [1, 3, 2, 0]], jnp.int32)
+  lengths = jnp.asarray([3, 3], jnp.int32)
+  ready = mapped.ready(DRAFT_PARAMS, None, tokens, lengths)
+  assert ready.tolist() == [True, False]
+  assert ready.tolist() == js.NGramDraft().ready(None, None, tokens, lengths).tolist()
