@@ -8,9 +8,9 @@
   E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
   rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
   does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft,
-  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0; each
-  probe doubles the wait before the next (up to `max_probe_every`), and a round that drafts on
-  the rates' merit resets it.
+  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0 (a
+  probe); by default the wait is set from the measured costs so that probes that find nothing
+  cost at most `probe_budget` (2%) of the decoding time.
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -67,13 +67,11 @@ class Heuristic:
 class CostModelState:
   """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
   examined: drafted, every token before it accepted) and accepted; plain_rounds, an int32
-  scalar: rounds in a row that drafted nothing; probe_wait, an int32 scalar: the plain rounds
-  in a row after which the next round probes."""
+  scalar: rounds in a row that drafted nothing."""
 
   reached: jax.Array
   accepted: jax.Array
   plain_rounds: jax.Array
-  probe_wait: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +96,18 @@ class CostModel:
     decay: the discount of older observations, in (0, 1] (1 = only the latest counts).
     prior_weight: how many observations the prior counts for, > 0.
     probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0
-      (plain rounds observe nothing); 0 = never (speculation, once off, stays off). Each probe
-      doubles the wait for the next one, up to `max_probe_every` (a probe at batch 16 costs
-      about two plain rounds here); a round that drafts without being a probe resets it.
-    max_probe_every: the longest wait between probes, >= probe_every.
+      (plain rounds observe nothing); 0 = never (speculation, once off, stays off); None (the
+      default) = `probe_interval()`, from the costs and `probe_budget`.
+    probe_budget: the largest share of a plain round's time that probes may waste when they
+      find nothing (all rejected), > 0: a probe at K costs round_seconds[K] - round_seconds[0]
+      more than the plain round it replaces, so probing every (that excess /
+      round_seconds[0]) / probe_budget plain rounds spends at most this share. At batch 1 on
+      the 2-core CPU of docs/adaptive.md a K = 1 round costs ~1.1 plain ones (a probe every 5
+      rounds); at batch 16, ~2.4 (every 68): bursty drafts (n-gram copies) are found again
+      quickly where probing is cheap, and rarely probed where it is dear.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
-      costs, or prior, decay, prior_weight, probe_every out of range.
+      costs, or prior, decay, prior_weight, probe_every, probe_budget out of range.
   """
 
   ks: tuple[int, ...]
@@ -112,8 +115,8 @@ class CostModel:
   prior: float = 0.5
   decay: float = 0.1
   prior_weight: float = 1.0
-  probe_every: int = 16
-  max_probe_every: int = 256
+  probe_every: int | None = None
+  probe_budget: float = 0.02
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -124,10 +127,21 @@ class CostModel:
     if not all(c > 0 for c in self.round_seconds):
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
-            0 <= self.probe_every <= self.max_probe_every):
-      raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, 0 <= '
-                       f'probe_every <= max_probe_every; got {self.prior}, {self.decay}, '
-                       f'{self.prior_weight}, {self.probe_every}, {self.max_probe_every}')
+            (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0):
+      raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
+                       f'None or >= 0, probe_budget > 0; got {self.prior}, {self.decay}, '
+                       f'{self.prior_weight}, {self.probe_every}, {self.probe_budget}')
+
+  def probe_interval(self) -> int:
+    """Plain rounds in a row after which a round probes: `probe_every` if given, else
+    ceil(excess / probe_budget), at least 1, where excess = round_seconds[K] /
+    round_seconds[0] - 1 for the smallest K > 0; 0 (never) without a K = 0 and a K > 0."""
+    if self.probe_every is not None:
+      return self.probe_every
+    if self.ks[0] != 0 or len(self.ks) < 2:
+      return 0
+    excess = self.round_seconds[1] / self.round_seconds[0] - 1
+    return max(1, int(np.ceil(excess / self.probe_budget - 1e-9)))
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
     if self.ks[-1] > max_draft_tokens:
@@ -137,7 +151,7 @@ class CostModel:
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
     zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
-    return CostModelState(zeros, zeros, jnp.int32(0), jnp.int32(self.probe_every))
+    return CostModelState(zeros, zeros, jnp.int32(0))
 
   def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
     """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts."""
@@ -170,8 +184,8 @@ class CostModel:
       # Nothing examined yet: draft no more than the smallest K > 0, if drafting pays at all.
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
       index = jnp.where(unseen & (index > positive[0]), positive[0], index)
-      if self.probe_every and self.ks[0] == 0:
-        probe = ((index == 0) & (state.plain_rounds >= state.probe_wait) &
+      if self.probe_interval() and self.ks[0] == 0:
+        probe = ((index == 0) & (state.plain_rounds >= self.probe_interval()) &
                  jnp.any(active & ready))
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
@@ -180,13 +194,9 @@ class CostModel:
     reached, accepted = _round_outcome(before, after)
     seen, keep = reached > 0, 1 - self.decay
     drafted = jnp.any(after.drafted > before.drafted)
-    probed = drafted & (state.plain_rounds >= state.probe_wait)
-    wait = jnp.where(probed, jnp.minimum(2 * state.probe_wait, self.max_probe_every),
-                     jnp.where(drafted, self.probe_every, state.probe_wait))
     return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
                           jnp.where(seen, keep * state.accepted + accepted, state.accepted),
-                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32),
-                          wait.astype(jnp.int32))
+                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
 
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,

@@ -208,12 +208,21 @@ def test_cost_model_rule():
                         ~active)) == 0
 
 
-def test_probes_back_off_and_drafting_on_merit_resets_the_wait():
-  """A draft that never pays is probed after probe_every plain rounds, then after twice as many
-  after each probe, up to max_probe_every; once a probe is accepted and the rates make drafting
-  pay, a round drafted on that merit brings the wait back to probe_every."""
-  model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.2), prior=0.0, decay=1.0,
-                       probe_every=2, max_probe_every=5)
+def test_probe_interval_follows_the_costs():
+  """By default a probe comes after ceil((cost(K=1) / cost(0) - 1) / probe_budget) plain rounds,
+  so a draft that never pays is probed that often and its probes waste at most the budget
+  (`probe_every` overrides it); once a probe is accepted and the rates make drafting pay, the
+  rounds after it draft on that merit."""
+  interval = lambda **kw: js.CostModel(**{'ks': (0, 1), 'round_seconds': (1.0, 1.1),
+                                          **kw}).probe_interval()
+  assert interval() == 5
+  assert interval(round_seconds=(1.0, 2.35)) == 68
+  assert interval(probe_budget=0.05) == 2
+  assert interval(probe_every=7) == 7
+  assert interval(ks=(1, 2)) == 0  # no plain branch: nothing to probe from
+  with pytest.raises(ValueError, match='probe_budget'):
+    interval(probe_budget=0.0)
+  model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.1), prior=0.0, decay=1.0)
   active = jnp.array([True, True])
   state = model.init(2, 4)
 
@@ -226,10 +235,11 @@ def test_probes_back_off_and_drafting_on_merit_resets_the_wait():
       state = model.update(state, *_metrics([k, k], [k * accept] * 2), active)
     return ks
 
-  assert run(16, accept=0) == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]
-  assert int(state.probe_wait) == 5
-  assert run(6, accept=1) == [0, 0, 0, 1, 1, 1]  # the probe after 5 plain rounds, then merit
-  assert int(state.probe_wait) == 2
+  never = run(24, accept=0)
+  assert never == ([0] * 5 + [1]) * 4
+  wasted = sum(never) * (model.round_seconds[1] - model.round_seconds[0])
+  assert wasted / (len(never) * model.round_seconds[0]) <= model.probe_budget
+  assert run(8, accept=1) == [0, 0, 0, 0, 0, 1, 1, 1]  # the probe, then merit
 
 
 def test_cost_model_counts_one_token_for_rows_not_ready():
