@@ -103,7 +103,7 @@ class CostModel:
       more than the plain round it replaces, so probing every (that excess /
       round_seconds[0]) / probe_budget plain rounds spends at most this share. At batch 1 on
       the 2-core CPU of docs/adaptive.md a K = 1 round costs ~1.1 plain ones (a probe every 5
-      rounds); at batch 16, ~2.4 (every 68): bursty drafts (n-gram copies) are found again
+      rounds); at batch 16, ~2.35 (every 68): bursty drafts (n-gram copies) are found again
       quickly where probing is cheap, and rarely probed where it is dear.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
