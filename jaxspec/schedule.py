@@ -184,8 +184,9 @@ class CostModel:
       # Nothing examined yet: draft no more than the smallest K > 0, if drafting pays at all.
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
       index = jnp.where(unseen & (index > positive[0]), positive[0], index)
-      if self.probe_interval() and self.ks[0] == 0:
-        probe = ((index == 0) & (state.plain_rounds >= self.probe_interval()) &
+      interval = self.probe_interval()
+      if interval and self.ks[0] == 0:
+        probe = ((index == 0) & (state.plain_rounds >= interval) &
                  jnp.any(active & ready))
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
