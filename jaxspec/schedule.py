@@ -136,10 +136,10 @@ class CostModel:
     """Plain rounds in a row after which a round probes: `probe_every` if given, else
     ceil(excess / probe_budget), at least 1, where excess = round_seconds[K] /
     round_seconds[0] - 1 for the smallest K > 0; 0 (never) without a K = 0 and a K > 0."""
-    if self.probe_every is not None:
-      return self.probe_every
     if self.ks[0] != 0 or len(self.ks) < 2:
       return 0
+    if self.probe_every is not None:
+      return self.probe_every
     excess = self.round_seconds[1] / self.round_seconds[0] - 1
     return max(1, int(np.ceil(excess / self.probe_budget - 1e-9)))
 
@@ -185,7 +185,7 @@ class CostModel:
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))
       index = jnp.where(unseen & (index > positive[0]), positive[0], index)
       interval = self.probe_interval()
-      if interval and self.ks[0] == 0:
+      if interval:
         probe = ((index == 0) & (state.plain_rounds >= interval) &
                  jnp.any(active & ready))
         index = jnp.where(probe, positive[0], index)
