@@ -8,8 +8,10 @@ Compile time and the cost measurement are reported apart, never inside tokens/s.
 0 every configuration must reproduce plain greedy tokens (checked). At temperature > 0 the
 methods draw different samples, so rows decode exactly --max-new-tokens tokens, past the
 end-of-turn token (as throughput benchmarks do with ignore_eos): stopping there would give each
-method its own sequence lengths and so its own share of prefill in tokens/s. Writes `<out>/adaptive.json`
-and `<out>/adaptive.md`.
+method its own sequence lengths and so its own share of prefill in tokens/s. Plain decoding is
+timed twice, as two methods ('plain' and 'plain again', the same program): the second's ratio to
+the first is the run's own noise, printed beside the ratios it qualifies. Writes
+`<out>/adaptive.json` and `<out>/adaptive.md`.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
   .venv/bin/python scripts/bench_adaptive.py --batch-sizes 1,16,32
@@ -103,7 +105,9 @@ def main():
       batches = _batches(ids, b, args.seed, eos)
       for temperature in args.temperatures:
         sampling = js.SamplingConfig(temperature=temperature)
-        methods, measured = {'plain': (None, None, decode_config(0, sampling))}, {}
+        plain_config = decode_config(0, sampling)
+        methods = {'plain': (None, None, plain_config), 'plain again': (None, None, plain_config)}
+        measured = {}
         for spec, (draft, dp) in drafts.items():
           name = os.path.basename(spec)
           for k in args.num_draft_tokens:
@@ -121,14 +125,15 @@ def main():
                                          repeats=args.repeats)
         plain = runs['plain']
         for method, r in runs.items():
-          draft_name, _, how = method.partition(' ')
+          draft_name, _, how = ('plain', '', method) if method.startswith('plain') else (
+              method.partition(' '))
           r['speedup'] = r['tok_s'] / plain['tok_s']
           if temperature == 0:
             r['identical'] = r['tokens'] == plain['tokens']
           if how == 'auto':
             r['measure_s'], r['round_ms'] = measured[draft_name]
           results.append(dict(kind=kind, batch_size=b, temperature=temperature,
-                              draft=draft_name, method=how or 'plain', **r))
+                              draft=draft_name, method=how, **r))
           print(f'{kind} B={b} T={temperature:g} {method}: {r["tok_s"]:.1f} tok/s '
                 f'x{r["speedup"]:.2f} accept {r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}'
                 + (f' round ms {[round(c, 1) for c in r["round_ms"]]}' if how == 'auto' else ''),
@@ -153,9 +158,10 @@ def _write(args, results):
 def _table(results):
   """Per (kind, batch, temperature, draft): tok/s and x plain of each method, the best fixed K,
   auto's ratio to the better of plain and the best fixed K, auto's K per round (histogram over
-  K = 0..), acceptance at K=1 and under auto, and greedy identity."""
-  methods = list(dict.fromkeys(r['method'] for r in results if r['method'] != 'plain'))
-  head = (['kind', 'B', 'T', 'draft', 'plain tok/s'] + methods +
+  K = 0..), acceptance at K=1 and under auto, and greedy identity; 'plain again' (the same plain
+  program timed again, x of the first) is the cell's noise."""
+  methods = list(dict.fromkeys(r['method'] for r in results if r['draft'] != 'plain'))
+  head = (['kind', 'B', 'T', 'draft', 'plain tok/s', 'plain again'] + methods +
           ['best fixed', 'auto / max(plain, best fixed)', 'auto rounds by K', 'accept K=1 / auto',
            'Thm 3.8 best K (x predicted)', 'identical'])
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -164,13 +170,14 @@ def _table(results):
     cells.setdefault((r['kind'], r['batch_size'], r['temperature']), []).append(r)
   for (kind, b, t), rs in cells.items():
     plain = next(r for r in rs if r['method'] == 'plain')
-    for draft in dict.fromkeys(r['draft'] for r in rs if r['method'] != 'plain'):
+    again = next((f'x{r["speedup"]:.2f}' for r in rs if r['method'] == 'plain again'), '-')
+    for draft in dict.fromkeys(r['draft'] for r in rs if r['draft'] != 'plain'):
       by = {r['method']: r for r in rs if r['draft'] == draft}
       fixed = {m: r for m, r in by.items() if m.startswith('K=')}
       best = max(fixed, key=lambda m: fixed[m]['tok_s'])
       ref = max(plain['tok_s'], fixed[best]['tok_s'])
       same = all(r.get('identical', True) for r in by.values())
-      row = [kind, str(b), f'{t:g}', draft, f'{plain["tok_s"]:.1f}']
+      row = [kind, str(b), f'{t:g}', draft, f'{plain["tok_s"]:.1f}', again]
       row += [f'{by[m]["tok_s"]:.1f} (x{by[m]["speedup"]:.2f})' if m in by else '-'
               for m in methods]
       row += [best, f'{by["auto"]["tok_s"] / ref:.2f}', str(by['auto']['rounds_by_k']),

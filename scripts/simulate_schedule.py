@@ -1,0 +1,62 @@
+"""What a schedule's decisions gain or lose, off the machine's clock (`jaxspec.simulate`).
+
+`auto` (`jaxspec.CostModel` given the round costs) and transformers' heuristic schedule decide
+round after round against a synthetic draft whose drafted token i is accepted with probability
+--acceptance[i] (given the tokens before it were), each round charged --round-ms of its K; the
+fixed K are Leviathan et al.'s expected tokens over their cost. Ratios are tokens per unit of
+cost over plain decoding's. Each run starts from the schedule's initial state, as a fresh
+`generate` call per prompt does (48 new tokens at batch 1 are ~40 rounds).
+
+  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.2,0.15,0.1,0.1 \\
+      --round-ms 35.9,47.3,57.2,69.5,82.9      # the trained exit draft's costs, docs/adaptive.md
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+
+import jaxspec as js
+from jaxspec import simulate
+from models import cli
+
+
+def _parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--acceptance', type=cli.list_of(cli.probability), required=True,
+                 help='comma-separated acceptance rate of drafted position 1..K (K = their number)')
+  p.add_argument('--round-ms', type=cli.list_of(cli.nonnegative_float), required=True,
+                 help='comma-separated cost of a round at K = 0..K (K+1 numbers, > 0)')
+  p.add_argument('--rounds', type=cli.positive_int, default=40, help='rounds a run (default 40)')
+  p.add_argument('--runs', type=cli.positive_int, default=400, help='runs (default 400)')
+  p.add_argument('--batch-size', type=cli.positive_int, default=1)
+  p.add_argument('--seed', type=int, default=0)
+  args = p.parse_args(argv)
+  if len(args.round_ms) != len(args.acceptance) + 1 or min(args.round_ms) <= 0:
+    p.error(f'--round-ms must give {len(args.acceptance) + 1} positive costs (K = 0..'
+            f'{len(args.acceptance)}, K from --acceptance), got {args.round_ms}')
+  return args
+
+
+def main(argv=None):
+  args = _parse(argv)
+  k_max, costs = len(args.acceptance), args.round_ms
+  ratios = {f'K={k}': simulate.expected_tokens(args.acceptance, k) * costs[0] / costs[k]
+            for k in range(1, k_max + 1)}
+  schedules = {'heuristic': js.Heuristic(),
+               'auto': js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs))}
+  rounds = {}
+  for name, schedule in schedules.items():
+    out = simulate.simulate(schedule, args.acceptance, costs, num_rounds=args.rounds,
+                            num_runs=args.runs, key=jax.random.key(args.seed),
+                            batch_size=args.batch_size)
+    ratios[name], rounds[name] = out['speedup'], out['rounds_by_k']
+  best = max((m for m in ratios if m.startswith('K=')), key=ratios.get)
+  print(' | '.join(f'{m} x{r:.3f}' for m, r in ratios.items()))
+  print(f'auto / max(plain, best fixed {best}): {ratios["auto"] / max(1, ratios[best]):.3f}; '
+        f'auto rounds by K (a run): {[round(n, 1) for n in rounds["auto"]]}')
+
+
+if __name__ == '__main__':
+  main()
