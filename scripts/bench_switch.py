@@ -1,8 +1,9 @@
 """What the adaptive-K switch costs: plain decoding against `auto` forced to K = 0 every round
 (a cost model whose drafting rounds cost 10x, no probes), with 5 and with 2 compiled branches, on
-one prompt (decoded by --batch-size rows together); warm runs, interleaved, wall ms each.
+one prompt (decoded by --batch-size rows together), with --draft compiled in (default the
+n-gram); warm runs, interleaved, wall ms each.
 
-  .venv/bin/python scripts/bench_switch.py [--batch-size 16]
+  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit]
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ def main(argv=None):
   p.add_argument('--repeats', type=cli.positive_int, default=3)
   p.add_argument('--batch-size', type=cli.positive_int, default=1,
                  help='rows decoding the prompt together (default 1)')
+  p.add_argument('--draft', default='ngram',
+                 help='draft spec, as decode.py --draft (default ngram)')
   args = p.parse_args(argv)
+  try:
+    loading.parse_draft_spec(args.draft)
+  except ValueError as e:
+    p.error(f'--draft: {e}')
   config, params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)
   tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)] * args.batch_size,
@@ -34,10 +41,10 @@ def main(argv=None):
                                probe_every=0)
   cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                                         sampling=greedy, **kw)
-  draft = js.NGramDraft()
+  draft, draft_params = loading.load_draft(args.draft, config, params, target_tokenizer=tok)
   methods = {'plain': (None, None, cfg(0)),
-             'auto, 5 branches, K=0': (draft, None, cfg(4, schedule=off(4))),
-             'auto, 2 branches, K=0': (draft, None, cfg(1, schedule=off(1)))}
+             'auto, 5 branches, K=0': (draft, draft_params, cfg(4, schedule=off(4))),
+             'auto, 2 branches, K=0': (draft, draft_params, cfg(1, schedule=off(1)))}
   runs = bench_rounds.time_methods(params, [(tokens, lengths, np.arange(args.batch_size))], methods,
                                    target=loading.forward_for(config), repeats=args.repeats)
   for name, r in runs.items():
