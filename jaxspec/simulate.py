@@ -20,12 +20,6 @@ import numpy as np
 from jaxspec.metrics import Metrics
 
 
-def expected_tokens(acceptance, k: int) -> float:
-  """Tokens one round at K commits: 1 + sum_{j<=K} prod_{i<j} acceptance[i] (Leviathan et al.
-  2023, Eq. 1, with a rate per position)."""
-  return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, np.float64)[:k])))
-
-
 def simulate(schedule, acceptance, round_seconds, *, num_rounds: int, num_runs: int, key,
              batch_size: int = 1) -> dict:
   """Runs `schedule` for `num_rounds` rounds, `num_runs` times from its initial state (as a fresh

@@ -20,6 +20,13 @@ def expected_tokens(alpha: float, k: int) -> float:
   return float((1.0 - alpha ** (k + 1)) / (1.0 - alpha))
 
 
+def expected_tokens_by_position(acceptance, k: int) -> float:
+  """`expected_tokens` with a rate per drafted position (`acceptance [>= K]`, the probability
+  that token i is accepted given those before it were): 1 + sum_{j<=K} prod_{i<j}
+  acceptance[i] (Leviathan et al. 2023, Eq. 1)."""
+  return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, np.float64)[:k])))
+
+
 def theorem_speedup(alpha: float, k: int, c: float) -> float:
   """Leviathan et al. Theorem 3.8: (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1))."""
   return expected_tokens(alpha, k) / (k * c + 1.0)

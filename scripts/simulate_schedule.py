@@ -18,7 +18,7 @@ import argparse
 import jax
 
 import jaxspec as js
-from jaxspec import simulate
+from jaxspec import simulate, speedup
 from models import cli
 
 
@@ -42,7 +42,7 @@ def _parse(argv=None):
 def main(argv=None):
   args = _parse(argv)
   k_max, costs = len(args.acceptance), args.round_ms
-  ratios = {f'K={k}': simulate.expected_tokens(args.acceptance, k) * costs[0] / costs[k]
+  ratios = {f'K={k}': speedup.expected_tokens_by_position(args.acceptance, k) * costs[0] / costs[k]
             for k in range(1, k_max + 1)}
   schedules = {'heuristic': js.Heuristic(),
                'auto': js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs))}
