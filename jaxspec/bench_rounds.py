@@ -195,7 +195,9 @@ def add_theory(results: list, parts: dict, plain_tps: dict) -> dict:
 def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) -> dict:
   """Each method compiled once and called once untimed (first-call allocations), then timed over
   the same batches, interleaved: every repeat runs every method on every batch in turn (a burst
-  of load on a shared machine hits all alike), and a method's time on a batch is its best.
+  of load on a shared machine hits all alike), repeat r starting at the r-th method (no method
+  keeps the first place, or the place after the heaviest), and a method's time on a batch is its
+  best.
 
   Args:
     params: the target's params; target: its `Model`.
@@ -225,9 +227,15 @@ def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
   tokens, lengths, seeds = batches[0]
   for name, (draft, dp, _) in methods.items():  # untimed first call: its allocations
     _blocked(compiled[name][0](params, dp, tokens, lengths, row_keys(seeds)))
-  for _ in range(repeats):
+  names = list(methods)
+  for r in range(repeats):
+    # Repeat r starts at the r-th method: on this 2-core VM a method timed right after a heavy one
+    # read ~3% slower than the first of a sweep (docs/adaptive.md run 18), so no method keeps
+    # one place in the order.
+    order = names[r % len(names):] + names[:r % len(names)]
     for i, (tokens, lengths, seeds) in enumerate(batches):
-      for name, (draft, dp, _) in methods.items():
+      for name in order:
+        dp = methods[name][1]
         out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))
         best[name][i], outs[name][i] = min(best[name][i], s), out
