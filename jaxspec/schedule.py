@@ -90,8 +90,9 @@ class CostModel:
   own included, counted its observations twice: at batch 1 one accepted probe read as 0.875,
   and in a simulation of Bernoulli acceptance the rates swung enough to lose 5-9% against the
   best fixed K for drafts that pay; docs/adaptive.md run 15.) Until the batch has examined a
-  drafted token, a round drafts at most the smallest K > 0 (learning the rate costs short rounds, never a long window drafted on a guess), and none if
-  even the prior says drafting does not pay.
+  drafted token, a round drafts at most the smallest K > 0 (learning the rate costs short
+  rounds, never a long window drafted on a guess), and none if even the prior says drafting
+  does not pay.
 
   Attributes:
     ks: the K values compiled, ascending (0 = a plain step).

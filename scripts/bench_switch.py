@@ -26,12 +26,9 @@ def main(argv=None):
   p.add_argument('--batch-size', type=cli.positive_int, default=1,
                  help='rows decoding the prompt together (default 1)')
   p.add_argument('--draft', default='ngram',
+                 type=cli.parsed_by(loading.parse_draft_spec, keep_text=True),
                  help='draft spec, as decode.py --draft (default ngram)')
   args = p.parse_args(argv)
-  try:
-    loading.parse_draft_spec(args.draft)
-  except ValueError as e:
-    p.error(f'--draft: {e}')
   config, params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)
   tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)] * args.batch_size,

@@ -271,7 +271,8 @@ def test_simulated_schedules():
     model = js.CostModel(ks=tuple(range(5)), round_seconds=tuple(costs))
     out = simulate.simulate(model, acceptance, costs, num_rounds=40, num_runs=200,
                             key=next(keys))
-    best = max(speedup.expected_tokens_by_position(acceptance, k) * costs[0] / costs[k] for k in range(5))
+    best = max(speedup.expected_tokens_by_position(acceptance, k) * costs[0] / costs[k]
+               for k in range(5))
     assert out['speedup'] >= 0.95 * best, (out, best)
   with pytest.raises(ValueError, match='round_seconds'):
     simulate.simulate(model, [0.5], [1.0], num_rounds=1, num_runs=1, key=next(keys))
