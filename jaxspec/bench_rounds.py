@@ -53,8 +53,8 @@ def decode_each(params, prompts, kinds: list[str], methods: dict, *, target, see
     raise ValueError(f'repeats must be >= 1, got {repeats}')
   tokens, lengths = prompts
   batches = [(tokens[i:i + 1], lengths[i:i + 1], [seed * 1000 + i]) for i in range(len(tokens))]
-  outs, walls, compile_s = _run_interleaved(params, batches, methods, target=target,
-                                            repeats=repeats)
+  outs, walls, compile_s, _ = _run_interleaved(params, batches, methods, target=target,
+                                               repeats=repeats)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   return {name: _decode_summary(outs[name], walls[name], kinds, methods[name][2],
                                 compile_s[name], peak_rss_mb) for name in methods}
@@ -205,24 +205,45 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
     methods: name -> (draft or None, draft params, `DecodeConfig`).
   Returns:
     name -> dict: tok_s (committed tokens / summed best seconds), seconds, compile_s,
+    sweep_seconds (per repeat, its seconds summed over the batches: for `sweep_speedup`),
     new_tokens, acceptance, tokens_per_pass, position_acceptance (per drafted position, None
     where never examined), rounds_by_k, tokens (every row's generated ids, batches in order),
     and per batch: batch_seconds (its best), batch_rounds (loop iterations: the most target
     passes of a row), batch_new_tokens.
   """
-  outs, best, compile_s = _run_interleaved(params, batches, methods, target=target,
-                                           repeats=repeats)
-  return {name: _method_summary(outs[name], best[name], compile_s[name]) for name in methods}
+  outs, best, compile_s, times = _run_interleaved(params, batches, methods, target=target,
+                                                  repeats=repeats)
+  return {name: dict(_method_summary(outs[name], best[name], compile_s[name]),
+                     sweep_seconds=[float(t) for t in np.sum(times[name], axis=1)])
+          for name in methods}
+
+
+def sweep_speedup(run: dict, reference: dict) -> float:
+  """The speed of `run` over `reference` (two `time_methods` entries of one call) over all sweeps:
+  (run's tokens / its seconds summed over the sweeps) / (reference's).
+
+  With the order rotating between sweeps, every method runs in the same spells of a noisy
+  machine, and the mean over sweeps averages them out, where a best time keeps one lucky call:
+  on this 2-core VM a plain program at batch 32 took 8.3-12.6 s a call, and over 8 sweeps a
+  second copy of it read x1.05 by best times, x0.96 by the median of per-sweep ratios and x0.98
+  by this mean (docs/adaptive.md, run 20). Raises ValueError when the two have different numbers
+  of sweeps.
+  """
+  mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])
+  if mine.shape != ref.shape:
+    raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
+  return float((run['new_tokens'] / mine.sum()) / (reference['new_tokens'] / ref.sum()))
 
 
 def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
   """`time_methods`' and `decode_each`'s runs: (outputs {name: [per batch]}, best seconds {name:
-  [per batch]}, compile seconds {name: s})."""
+  [per batch]}, compile seconds {name: s}, every time {name: [repeats, batches] seconds})."""
   compiled = {}
   for name, (draft, dp, config) in methods.items():
     compiled[name] = wall_time(lambda: compile_generate(
         params, dp, *batches[0], target=target, draft=draft, config=config))
   best = {name: [float('inf')] * len(batches) for name in methods}
+  times = {name: np.zeros((repeats, len(batches))) for name in methods}
   outs = {name: [None] * len(batches) for name in methods}
   tokens, lengths, seeds = batches[0]
   for name, (draft, dp, _) in methods.items():  # untimed first call: its allocations
@@ -238,8 +259,8 @@ def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
         dp = methods[name][1]
         out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))
-        best[name][i], outs[name][i] = min(best[name][i], s), out
-  return outs, best, {name: c[1] for name, c in compiled.items()}
+        best[name][i], outs[name][i], times[name][r, i] = min(best[name][i], s), out, s
+  return outs, best, {name: c[1] for name, c in compiled.items()}, times
 
 
 def _method_summary(outs, batch_seconds, compile_s):

@@ -1,7 +1,10 @@
 """What the adaptive-K switch costs: plain decoding against `auto` forced to K = 0 every round
 (a cost model whose drafting rounds cost 10x, no probes), with 5 and with 2 compiled branches, on
 one prompt (decoded by --batch-size rows together), with --draft compiled in (default the
-n-gram); warm runs, interleaved, wall ms each.
+n-gram); warm runs, interleaved; plain is timed twice ('plain again', the same program: the run's
+noise). Prints each method's best wall ms and its speed over plain two ways: by best times and
+over all sweeps (`bench_rounds.sweep_speedup`), and the spread (standard deviation) of the
+ratios within one sweep.
 
   .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit]
 """
@@ -39,14 +42,20 @@ def main(argv=None):
   cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                                         sampling=greedy, **kw)
   draft, draft_params = loading.load_draft(args.draft, config, params, target_tokenizer=tok)
-  methods = {'plain': (None, None, cfg(0)),
+  methods = {'plain': (None, None, cfg(0)), 'plain again': (None, None, cfg(0)),
              'auto, 5 branches, K=0': (draft, draft_params, cfg(4, schedule=off(4))),
              'auto, 2 branches, K=0': (draft, draft_params, cfg(1, schedule=off(1)))}
   runs = bench_rounds.time_methods(params, [(tokens, lengths, np.arange(args.batch_size))], methods,
                                    target=loading.forward_for(config), repeats=args.repeats)
+  plain = runs['plain']
   for name, r in runs.items():
-    print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, rounds by K '
-          f'{r["rounds_by_k"]}')
+    sweeps = [round(1e3 * t) for t in r['sweep_seconds']]
+    print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, x plain: best times '
+          f'{plain["seconds"] / r["seconds"]:.3f}, over all sweeps '
+          f'{bench_rounds.sweep_speedup(r, plain):.3f}, per sweep sd '
+          f'{np.std(np.divide(plain["sweep_seconds"], r["sweep_seconds"])):.3f}; '
+          f'rounds by K {r["rounds_by_k"]}; '
+          f'sweeps ms {sweeps}')
 
 
 if __name__ == '__main__':

@@ -7,9 +7,10 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 import jaxspec as js
-from jaxspec import operations
+from jaxspec import bench_rounds, operations
 from models import llama
 
 
@@ -94,3 +95,17 @@ def test_stops_paying():
   assert operations.stops_paying(rows) == {'a': 16, 'b': 1, 'c': None}
   a16 = next(r for r in rows if r['method'] == 'a' and r['batch_size'] == 16)
   assert a16['speedup'] == 0.75 and a16['target_work_vs_plain'] == 2
+
+
+def test_sweep_speedup_cancels_drift():
+  # The method is 10% slower than plain in two sweeps out of three; in the third it ran in a fast
+  # spell of the machine. Best times read x1.05 (10.5 s vs 10.0 s); all sweeps x0.95 (33.5/35.3).
+  plain = {'new_tokens': 100, 'sweep_seconds': [12.0, 11.0, 10.5]}
+  method = {'new_tokens': 100, 'sweep_seconds': [13.2, 12.1, 10.0]}
+  assert min(plain['sweep_seconds']) / min(method['sweep_seconds']) == pytest.approx(1.05)
+  assert bench_rounds.sweep_speedup(method, plain) == pytest.approx(33.5 / 35.3)
+  assert bench_rounds.sweep_speedup(plain, plain) == 1.0
+  # Tokens count: twice the tokens in the same time is x2.
+  assert bench_rounds.sweep_speedup({**plain, 'new_tokens': 200}, plain) == pytest.approx(2)
+  with pytest.raises(ValueError, match='different repeats'):
+    bench_rounds.sweep_speedup({**method, 'sweep_seconds': [1.0]}, plain)
