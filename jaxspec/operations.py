@@ -65,8 +65,8 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
   """A set of requests decoded in batches with each method, for the operations table. The
   decodes are timed by `jaxspec.bench_rounds.time_methods` (every method compiled first, then
   interleaved: each sweep runs every method on every batch in turn, so a burst of load on a
-  shared machine hits all of them alike; a method's time on a batch is its best), the prefill
-  likewise (`jaxspec.bench.timed_together`, on the first batch).
+  shared machine hits all of them alike, the order rotating between sweeps), the prefill likewise
+  (`jaxspec.bench.timed_together`, on the first batch).
 
   Args:
     params: the target's params; target: its `Model`.
@@ -80,7 +80,9 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
     (target and draft prefill of one batch, compiled apart), ttft_s (a request's time to first
     token: its batch's prefill plus one mean round; mean over batches), tpot_s (the rest of its
     batch's decode over the batch's mean answer length minus one; mean over batches), e2e_s
-    (all batches), tokens_per_s (committed tokens of all batches / e2e_s), new_tokens,
+    (all batches, each its best time), tokens_per_s (committed tokens of all batches / e2e_s),
+    sweep_tokens_per_s (committed tokens of all batches over every sweep / the seconds of every
+    sweep: what `add_relative` compares, see `jaxspec.bench_rounds.sweep_speedup`), new_tokens,
     acceptance_rate, mean_accepted_length, target_positions_per_token (window positions the
     target computed, each round's K + 1 summed, / committed tokens), rounds_by_k,
     position_acceptance and memory (`memory_bytes` of one batch).
@@ -108,6 +110,7 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
         batch_size=rows, num_batches=len(batches), k=config.num_draft_tokens,
         compile_s=r['compile_s'], prefill_s=prefill_s[name], ttft_s=float(np.mean(ttft)),
         tpot_s=float(np.mean(tpot)), e2e_s=r['seconds'], tokens_per_s=r['tok_s'],
+        sweep_tokens_per_s=r['new_tokens'] * len(r['sweep_seconds']) / sum(r['sweep_seconds']),
         new_tokens=r['new_tokens'], acceptance_rate=r['acceptance'],
         mean_accepted_length=r['tokens_per_pass'], rounds_by_k=r['rounds_by_k'],
         position_acceptance=r['position_acceptance'],
@@ -119,16 +122,18 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
 
 
 def add_relative(rows: list[dict]) -> None:
-  """Adds to every row (dicts with 'method', 'batch_size', 'tokens_per_s', 'tpot_s',
+  """Adds to every row (dicts with 'method', 'batch_size', 'sweep_tokens_per_s', 'tpot_s',
   'target_positions_per_token', as from `measure`) its speedup over plain decoding at the same
-  batch size (throughput ratio), its latency ratio (plain TPOT / its TPOT) and its target work
-  relative to plain (`target_work_vs_plain`). Rows of method 'plain' are the reference."""
+  batch size (the ratio of throughputs over all sweeps, not of best times: on a noisy machine a
+  best time keeps one lucky call, `jaxspec.bench_rounds.sweep_speedup`), its latency ratio
+  (plain TPOT / its TPOT) and its target work relative to plain (`target_work_vs_plain`). Rows of
+  method 'plain' are the reference."""
   plain = {r['batch_size']: r for r in rows if r['method'] == 'plain'}
   for r in rows:
     p = plain.get(r['batch_size'])
     if p is None:
       continue
-    r['speedup'] = r['tokens_per_s'] / p['tokens_per_s']
+    r['speedup'] = r['sweep_tokens_per_s'] / p['sweep_tokens_per_s']
     r['latency_speedup'] = p['tpot_s'] / r['tpot_s'] if r['tpot_s'] else float('nan')
     r['target_work_vs_plain'] = (r['target_positions_per_token'] /
                                  p['target_positions_per_token'])
