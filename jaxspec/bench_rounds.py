@@ -195,9 +195,9 @@ def add_theory(results: list, parts: dict, plain_tps: dict) -> dict:
 def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) -> dict:
   """Each method compiled once and called once untimed (first-call allocations), then timed over
   the same batches, interleaved: every repeat runs every method on every batch in turn (a burst
-  of load on a shared machine hits all alike), repeat r starting at the r-th method (no method
-  keeps the first place, or the place after the heaviest), and a method's time on a batch is its
-  best.
+  of load on a shared machine hits all alike), in a fresh order each time (seeded: no method
+  keeps the first place or the place after the heaviest), and a method's time on a batch is its
+  best; its seconds in every sweep are kept for `sweep_speedup`.
 
   Args:
     params: the target's params; target: its `Model`.
@@ -222,7 +222,7 @@ def sweep_speedup(run: dict, reference: dict) -> float:
   """The speed of `run` over `reference` (two `time_methods` entries of one call) over all sweeps:
   (run's tokens / its seconds summed over the sweeps) / (reference's).
 
-  With the order rotating between sweeps, every method runs in the same spells of a noisy
+  With the order shuffled between sweeps, every method runs in the same spells of a noisy
   machine, and the mean over sweeps averages them out, where a best time keeps one lucky call:
   on this 2-core VM a plain program at batch 32 took 8.3-12.6 s a call, and over 8 sweeps a
   second copy of it read x1.05 by best times, x0.96 by the median of per-sweep ratios and x0.98
@@ -233,6 +233,19 @@ def sweep_speedup(run: dict, reference: dict) -> float:
   if mine.shape != ref.shape:
     raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
   return float((run['new_tokens'] / mine.sum()) / (reference['new_tokens'] / ref.sum()))
+
+
+def sweep_speedup_error(run: dict, reference: dict) -> float:
+  """The standard error of `sweep_speedup(run, reference)`, from the spread of the per-sweep
+  ratios (reference's seconds / run's, tokens alike): their sample standard deviation over the
+  square root of the number of sweeps; nan for one sweep. Raises ValueError as `sweep_speedup`."""
+  mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])
+  if mine.shape != ref.shape:
+    raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
+  if mine.size < 2:
+    return float('nan')
+  ratios = (run['new_tokens'] / mine) / (reference['new_tokens'] / ref)
+  return float(np.std(ratios, ddof=1) / np.sqrt(ratios.size))
 
 
 def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
@@ -248,14 +261,15 @@ def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
   tokens, lengths, seeds = batches[0]
   for name, (draft, dp, _) in methods.items():  # untimed first call: its allocations
     _blocked(compiled[name][0](params, dp, tokens, lengths, row_keys(seeds)))
-  names = list(methods)
+  names, rng = list(methods), np.random.default_rng(0)
   for r in range(repeats):
-    # Repeat r starts at the r-th method: on this 2-core VM a method timed right after a heavy one
-    # read ~3% slower than the first of a sweep (docs/adaptive.md run 18), so no method keeps
-    # one place in the order.
-    order = names[r % len(names):] + names[:r % len(names)]
     for i, (tokens, lengths, seeds) in enumerate(batches):
-      for name in order:
+      # A fresh (seeded) order for every batch of every sweep: on this 2-core VM a method timed
+      # right after a heavy one read ~3% slower than the first of a sweep (docs/adaptive.md run
+      # 18), and with the order only rotated each method kept its predecessor ('plain again',
+      # always right after plain, read x1.06 +- 0.02 of it at batch 16 in run 21), so no method
+      # keeps a place or a neighbour.
+      for name in (names[j] for j in rng.permutation(len(names))):
         dp = methods[name][1]
         out, s = wall_time(lambda: _blocked(compiled[name][0](params, dp, tokens, lengths,
                                                          row_keys(seeds))))

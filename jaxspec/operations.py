@@ -65,7 +65,7 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
   """A set of requests decoded in batches with each method, for the operations table. The
   decodes are timed by `jaxspec.bench_rounds.time_methods` (every method compiled first, then
   interleaved: each sweep runs every method on every batch in turn, so a burst of load on a
-  shared machine hits all of them alike, the order rotating between sweeps), the prefill likewise
+  shared machine hits all of them alike, the order shuffled between sweeps), the prefill likewise
   (`jaxspec.bench.timed_together`, on the first batch).
 
   Args:

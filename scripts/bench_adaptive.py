@@ -13,10 +13,14 @@ timed twice, as two methods ('plain' and 'plain again', the same program): the s
 the first is the run's own noise, printed beside the ratios it qualifies. Every ratio 'x' is
 `bench_rounds.sweep_speedup` (tokens over seconds summed over all sweeps, the method's over
 plain's: a best time keeps one lucky call, and a copy of one program read x1.05 by best times at
-batch 32 here); tok/s are from best times. Writes `<out>/adaptive.json` and `<out>/adaptive.md`.
+batch 32 here); tok/s are from best times. Writes `<out>/adaptive.json` and `<out>/adaptive.md`,
+whose last column and line say which cells meet issue 12's bars.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
-  .venv/bin/python scripts/bench_adaptive.py --batch-sizes 1,16,32
+  # issue 12's whole figure in one run: the batch-1 grid, and batch 16 and 32 on chat at T = 0
+  .venv/bin/python scripts/bench_adaptive.py --num-prompts 3 --max-new-tokens 48 \
+      --num-draft-tokens 1,4 --batch-sizes 1,16,32 --batch-cells chat:0 \
+      --batch-num-draft-tokens 1 --no-heuristic --repeats 8
 """
 
 from __future__ import annotations
@@ -55,8 +59,15 @@ def _parse(argv=None):
                  help='comma-separated sampling temperatures; 0 = greedy (default 0,1)')
   p.add_argument('--batch-sizes', type=cli.list_of(cli.positive_int), default=[1],
                  help='comma-separated batch sizes (default 1)')
+  p.add_argument('--batch-cells', type=cli.list_of(_cell), default=None,
+                 help='comma-separated KIND:TEMPERATURE cells (e.g. chat:0) decoded at the batch '
+                 'sizes > 1 (default: every kind and temperature)')
+  p.add_argument('--batch-num-draft-tokens', type=cli.list_of(cli.positive_int), default=None,
+                 help='the fixed K compared at batch sizes > 1 (default: --num-draft-tokens)')
+  p.add_argument('--heuristic', action=argparse.BooleanOptionalAction, default=True,
+                 help="time transformers' heuristic schedule at batch 1 (default: on)")
   p.add_argument('--repeats', type=cli.positive_int, default=2,
-                 help='timed runs per configuration, the best kept (default 2)')
+                 help='timed sweeps over the methods (tok/s: the best; x: all of them; default 2)')
   p.add_argument('--seed', type=int, default=0, help='PRNG seed of the sampled runs (default 0)')
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
   p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'),
@@ -65,14 +76,33 @@ def _parse(argv=None):
   if args.quick:
     args.drafts, args.num_prompts, args.max_new_tokens = ['ngram'], 2, 32
   args.num_prompts = args.num_prompts or 4
-  if not all(k <= args.max_draft_tokens for k in args.num_draft_tokens):
-    p.error(f'--num-draft-tokens must lie in [1, --max-draft-tokens={args.max_draft_tokens}]')
+  args.batch_num_draft_tokens = args.batch_num_draft_tokens or args.num_draft_tokens
+  for flag in ('num_draft_tokens', 'batch_num_draft_tokens'):
+    if not all(k <= args.max_draft_tokens for k in getattr(args, flag)):
+      p.error(f'--{flag.replace("_", "-")} must lie in [1, --max-draft-tokens='
+              f'{args.max_draft_tokens}]')
+  every = [(kind, t) for kind in args.prompt_kinds for t in args.temperatures]
+  args.batch_cells = args.batch_cells or every
+  for kind, t in args.batch_cells:
+    if (kind, t) not in every:
+      p.error(f'--batch-cells: {kind}:{t:g} is not a cell of --prompt-kinds '
+              f'{",".join(args.prompt_kinds)} and --temperatures '
+              f'{",".join(f"{t:g}" for t in args.temperatures)}')
   for spec in args.drafts:
     try:
       loading.parse_draft_spec(spec)
     except ValueError as e:
       p.error(f'--drafts: {e}')
   return args
+
+
+def _cell(text: str) -> tuple[str, float]:
+  """A KIND:TEMPERATURE cell of the grid, e.g. 'chat:0'."""
+  kind, sep, t = text.partition(':')
+  if not sep or kind not in PROMPT_KINDS:
+    raise argparse.ArgumentTypeError(f'{text!r}: must be KIND:TEMPERATURE with KIND one of '
+                                     f'{", ".join(PROMPT_KINDS)}')
+  return kind, cli.nonnegative_float(t)
 
 
 def _batches(prompt_ids, batch_size, seed, pad_id):
@@ -106,15 +136,17 @@ def main():
     for b in args.batch_sizes:
       batches = _batches(ids, b, args.seed, eos)
       for temperature in args.temperatures:
+        if b > 1 and (kind, temperature) not in args.batch_cells:
+          continue
         sampling = js.SamplingConfig(temperature=temperature)
         plain_config = decode_config(0, sampling)
         methods = {'plain': (None, None, plain_config), 'plain again': (None, None, plain_config)}
         measured = {}
         for spec, (draft, dp) in drafts.items():
           name = os.path.basename(spec)
-          for k in args.num_draft_tokens:
+          for k in args.num_draft_tokens if b == 1 else args.batch_num_draft_tokens:
             methods[f'{name} K={k}'] = (draft, dp, decode_config(k, sampling))
-          if b == 1:
+          if b == 1 and args.heuristic:
             methods[f'{name} heuristic'] = (draft, dp, decode_config(
                 args.max_draft_tokens, sampling, schedule=js.Heuristic()))
           full = decode_config(args.max_draft_tokens, sampling)
@@ -130,6 +162,7 @@ def main():
           draft_name, _, how = ('plain', '', method) if method.startswith('plain') else (
               method.partition(' '))
           r['speedup'] = bench_rounds.sweep_speedup(r, plain)
+          r['speedup_se'] = bench_rounds.sweep_speedup_error(r, plain)
           r['speedup_best_times'] = r['tok_s'] / plain['tok_s']
           if temperature == 0:
             r['identical'] = r['tokens'] == plain['tokens']
@@ -138,7 +171,8 @@ def main():
           results.append(dict(kind=kind, batch_size=b, temperature=temperature,
                               draft=draft_name, method=how, **r))
           print(f'{kind} B={b} T={temperature:g} {method}: {r["tok_s"]:.1f} tok/s '
-                f'x{r["speedup"]:.2f} (best times x{r["speedup_best_times"]:.2f}) accept '
+                f'x{r["speedup"]:.2f} ±{r["speedup_se"]:.2f} (best times '
+                f'x{r["speedup_best_times"]:.2f}) accept '
                 f'{r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}'
                 + (f' round ms {[round(c, 1) for c in r["round_ms"]]}' if how == 'auto' else ''),
                 flush=True)
@@ -164,18 +198,22 @@ def _table(results):
   each method, the best fixed K, auto's ratio to the better of plain and the best fixed K (by the
   same ratios), auto's K per round (histogram over K = 0..), acceptance at K=1 and under auto,
   and greedy identity; 'plain again' (the same plain program timed again, x of the first) is the
-  cell's noise."""
+  cell's noise, and '±' the standard error of the method's x plain over the sweeps
+  (`bench_rounds.sweep_speedup_error`). 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
+  >= 0.95 of the best fixed K; at batch > 1 `auto` >= 0.95 of the faster of plain and the best
+  fixed K. A last line counts the cells that meet them."""
   methods = list(dict.fromkeys(r['method'] for r in results if r['draft'] != 'plain'))
   head = (['kind', 'B', 'T', 'draft', 'plain tok/s', 'plain again'] + methods +
           ['best fixed', 'auto / max(plain, best fixed)', 'auto rounds by K', 'accept K=1 / auto',
-           'Thm 3.8 best K (x predicted)', 'identical'])
+           'Thm 3.8 best K (x predicted)', 'identical', 'bars'])
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-  cells = {}
+  cells, met_cells = {}, []
   for r in results:
     cells.setdefault((r['kind'], r['batch_size'], r['temperature']), []).append(r)
   for (kind, b, t), rs in cells.items():
     plain = next(r for r in rs if r['method'] == 'plain')
-    again = next((f'x{r["speedup"]:.2f}' for r in rs if r['method'] == 'plain again'), '-')
+    again = next((f'x{r["speedup"]:.2f} ±{r["speedup_se"]:.2f}' for r in rs
+                  if r['method'] == 'plain again'), '-')
     for draft in dict.fromkeys(r['draft'] for r in rs if r['draft'] != 'plain'):
       by = {r['method']: r for r in rs if r['draft'] == draft}
       fixed = {m: r for m, r in by.items() if m.startswith('K=')}
@@ -185,10 +223,16 @@ def _table(results):
       row = [kind, str(b), f'{t:g}', draft, f'{plain["tok_s"]:.1f}', again]
       row += [f'{by[m]["tok_s"]:.1f} (x{by[m]["speedup"]:.2f})' if m in by else '-'
               for m in methods]
-      row += [best, f'{by["auto"]["speedup"] / ref:.2f}', str(by['auto']['rounds_by_k']),
+      auto = by['auto']['speedup']
+      met = auto / ref >= 0.95 and (b > 1 or auto >= 0.97)
+      met_cells += [met]
+      row += [best, f'{auto / ref:.2f} ±{by["auto"]["speedup_se"]:.2f}',
+              str(by['auto']['rounds_by_k']),
               f'{by["K=1"]["acceptance"]:.2f} / {by["auto"]["acceptance"]:.2f}' if 'K=1' in by
-              else '-', _predicted(by), ('yes' if same else 'NO') if t == 0 else '-']
+              else '-', _predicted(by), ('yes' if same else 'NO') if t == 0 else '-',
+              'yes' if met else 'NO']
       lines.append('| ' + ' | '.join(row) + ' |')
+  lines.append(f'\nbars met in {sum(met_cells)} of {len(met_cells)} cells')
   return '\n'.join(lines) + '\n'
 
 

@@ -112,3 +112,17 @@ def test_sweep_speedup_cancels_drift():
   assert bench_rounds.sweep_speedup({**plain, 'new_tokens': 200}, plain) == pytest.approx(2)
   with pytest.raises(ValueError, match='different repeats'):
     bench_rounds.sweep_speedup({**method, 'sweep_seconds': [1.0]}, plain)
+
+
+def test_sweep_speedup_error():
+  # Per-sweep ratios 12/13.2, 11/12.1, 10.5/10.0: their sample sd over sqrt(3).
+  plain = {'new_tokens': 100, 'sweep_seconds': [12.0, 11.0, 10.5]}
+  method = {'new_tokens': 100, 'sweep_seconds': [13.2, 12.1, 10.0]}
+  ratios = [12.0 / 13.2, 11.0 / 12.1, 10.5 / 10.0]
+  assert bench_rounds.sweep_speedup_error(method, plain) == pytest.approx(
+      np.std(ratios, ddof=1) / np.sqrt(3))
+  assert bench_rounds.sweep_speedup_error(plain, plain) == 0.0
+  assert np.isnan(bench_rounds.sweep_speedup_error({'new_tokens': 1, 'sweep_seconds': [1.0]},
+                                                   {'new_tokens': 1, 'sweep_seconds': [2.0]}))
+  with pytest.raises(ValueError, match='different repeats'):
+    bench_rounds.sweep_speedup_error({**method, 'sweep_seconds': [1.0]}, plain)
