@@ -3,8 +3,7 @@
 one prompt (decoded by --batch-size rows together), with --draft compiled in (default the
 n-gram); warm runs, interleaved; plain is timed twice ('plain again', the same program: the run's
 noise). Prints each method's best wall ms and its speed over plain two ways: by best times and
-over all sweeps (`bench_rounds.sweep_speedup`), and the spread (standard deviation) of the
-ratios within one sweep.
+over all sweeps (`bench_rounds.sweep_speedup`, ± its standard error).
 
   .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit]
 """
@@ -52,8 +51,8 @@ def main(argv=None):
     sweeps = [round(1e3 * t) for t in r['sweep_seconds']]
     print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, x plain: best times '
           f'{plain["seconds"] / r["seconds"]:.3f}, over all sweeps '
-          f'{bench_rounds.sweep_speedup(r, plain):.3f}, per sweep sd '
-          f'{np.std(np.divide(plain["sweep_seconds"], r["sweep_seconds"])):.3f}; '
+          f'{bench_rounds.sweep_speedup(r, plain):.3f} '
+          f'±{bench_rounds.sweep_speedup_error(r, plain):.3f}; '
           f'rounds by K {r["rounds_by_k"]}; '
           f'sweeps ms {sweeps}')
 
