@@ -86,13 +86,14 @@ def test_greedy_identity_with_early_stop(plain, name, threshold):
 
 @pytest.mark.parametrize('k_max, ks', [
     (K_MAX, Cycle.ks),
-    (K_MAX, (0,) * 7 + (2,) + (0,) * 11 + (4, 1) + (0,) * 5 + (3,)),  # catch-up passes in K = 0
+    (K_MAX, (0,) * 7 + (2,) + (0,) * 11 + (4, 1) + (0,) * 5 + (3,)),  # catch-ups of many chunks
     (1, (0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1))])
 def test_feature_draft_state_survives_changing_k(k_max, ks):
   """The oracle EAGLE draft accepts everything only if every feature it reads is the right one;
-  K changes every round (0 included), so the feature window and cache must be kept at K_max,
-  and the features of K = 0 rounds must reach the draft's cache (runs of K = 0 longer than the
-  window force a catch-up pass there)."""
+  K changes every round (0 included), and the features of K = 0 rounds must reach the draft's
+  cache: after a run of K = 0 rounds the next drafting round catches up over all of them in
+  chunks of its K + 1 (several chunks after the runs of 7 and 11 here, and up to 3 for a K = 1
+  round after a K = 4 one)."""
   target, params = toys.FeatureTableModel(), toys.random_table(jax.random.key(0), 12)
   prompts, lengths = js.pad_prompts([[3], [1, 4, 1, 5, 9, 2, 6], [2, 7]], bucket=8)
   for temperature in (0.0, 1.0):
