@@ -10,7 +10,8 @@
   does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft,
   so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0 (a
   probe); by default the wait is set from the measured costs so that probes that find nothing
-  cost at most `probe_budget` (2%) of the decoding time.
+  cost at most `probe_budget` (2%) of the decoding time, and no probe runs with fewer rounds
+  left than that wait (it could not pay for itself).
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -67,11 +68,12 @@ class Heuristic:
 class CostModelState:
   """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
   examined: drafted, every token before it accepted) and accepted; plain_rounds, an int32
-  scalar: rounds in a row that drafted nothing."""
+  scalar: rounds in a row that drafted nothing; rounds, an int32 scalar: rounds so far."""
 
   reached: jax.Array
   accepted: jax.Array
   plain_rounds: jax.Array
+  rounds: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +112,12 @@ class CostModel:
       the 2-core CPU of docs/adaptive.md a K = 1 round costs ~1.1 plain ones (a probe every 5
       rounds); at batch 16, ~2.35 (every 68): bursty drafts (n-gram copies) are found again
       quickly where probing is cheap, and rarely probed where it is dear.
+    horizon: the most rounds a decode runs (its max_new_tokens: a round commits >= 1 token a
+      row), or None (unknown). A probe needs more than `probe_interval()` rounds left after it
+      to use what it finds: one due later is skipped (at batch 32 on the CPU a K = 1 round costs
+      1.9 plain ones, a probe every 44 rounds, and in a 48-token decode the one probe came with
+      4 rounds left and cost ~2.5% of the decode; docs/adaptive.md run 22).
+      `measured_cost_model` sets it from the config.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
       costs, or prior, decay, prior_weight, probe_every, probe_budget out of range.
@@ -122,6 +130,7 @@ class CostModel:
   prior_weight: float = 1.0
   probe_every: int | None = None
   probe_budget: float = 0.02
+  horizon: int | None = None
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -132,10 +141,12 @@ class CostModel:
     if not all(c > 0 for c in self.round_seconds):
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
-            (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0):
+            (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0 and
+            (self.horizon is None or self.horizon >= 1)):
       raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
-                       f'None or >= 0, probe_budget > 0; got {self.prior}, {self.decay}, '
-                       f'{self.prior_weight}, {self.probe_every}, {self.probe_budget}')
+                       f'None or >= 0, probe_budget > 0, horizon None or >= 1; got {self.prior}, '
+                       f'{self.decay}, {self.prior_weight}, {self.probe_every}, '
+                       f'{self.probe_budget}, {self.horizon}')
 
   def probe_interval(self) -> int:
     """Plain rounds in a row after which a round probes: `probe_every` if given, else
@@ -156,7 +167,7 @@ class CostModel:
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
     zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
-    return CostModelState(zeros, zeros, jnp.int32(0))
+    return CostModelState(zeros, zeros, jnp.int32(0), jnp.int32(0))
 
   def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
     """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts. The
@@ -200,6 +211,8 @@ class CostModel:
       if interval:
         probe = ((index == 0) & (state.plain_rounds >= interval) &
                  jnp.any(active & ready))
+        if self.horizon is not None:  # enough rounds left to use what the probe finds
+          probe &= self.horizon - state.rounds - 1 > interval
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
 
@@ -209,7 +222,8 @@ class CostModel:
     drafted = jnp.any(after.drafted > before.drafted)
     return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
                           jnp.where(seen, keep * state.accepted + accepted, state.accepted),
-                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32))
+                          jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32),
+                          state.rounds + 1)
 
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
@@ -248,9 +262,10 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
                         target, draft, config: loop.DecodeConfig, ks=None,
                         **cost_model_kwargs) -> CostModel:
   """A `CostModel` over `ks` (default 0..num_draft_tokens) with round costs measured here
-  (`measure_round_costs`) on these prompts; the rest of `CostModel`'s settings as keywords.
-  Raises what `measure_round_costs` and `CostModel` raise."""
+  (`measure_round_costs`) on these prompts and `horizon` = config.max_new_tokens; the rest of
+  `CostModel`'s settings as keywords. Raises what `measure_round_costs` and `CostModel` raise."""
   ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
   costs = measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds,
                               target=target, draft=draft, config=config, ks=ks)
-  return CostModel(ks=ks, round_seconds=costs, **cost_model_kwargs)
+  return CostModel(ks=ks, round_seconds=costs,
+                   **{'horizon': config.max_new_tokens, **cost_model_kwargs})

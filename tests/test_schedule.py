@@ -213,6 +213,14 @@ def test_cost_model_rule():
   # No row the draft is ready for: no probe either.
   assert int(bad.choose(dataclasses.replace(off, plain_rounds=jnp.int32(2)), active,
                         ~active)) == 0
+  # A horizon of 10 rounds: a probe due after round 7 has 2 rounds left, not more than the
+  # interval of 2, so it is skipped; after round 6 it runs.
+  near = js.CostModel(ks=(0, 1), round_seconds=(1.0, 2.0), probe_every=2, horizon=10)
+  due = lambda rounds: dataclasses.replace(off, plain_rounds=jnp.int32(2),
+                                           rounds=jnp.int32(rounds))
+  assert int(near.choose(due(6), active, active)) == 1
+  assert int(near.choose(due(7), active, active)) == 0
+  assert int(near.update(due(6), *_metrics([0, 0], [0, 0]), active).rounds) == 7
 
 
 def test_probe_interval_follows_the_costs():
