@@ -229,9 +229,7 @@ def sweep_speedup(run: dict, reference: dict) -> float:
   by this mean (docs/adaptive.md, run 20). Raises ValueError when the two have different numbers
   of sweeps.
   """
-  mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])
-  if mine.shape != ref.shape:
-    raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
+  mine, ref = _paired_sweeps(run, reference)
   return float((run['new_tokens'] / mine.sum()) / (reference['new_tokens'] / ref.sum()))
 
 
@@ -239,13 +237,19 @@ def sweep_speedup_error(run: dict, reference: dict) -> float:
   """The standard error of `sweep_speedup(run, reference)`, from the spread of the per-sweep
   ratios (reference's seconds / run's, tokens alike): their sample standard deviation over the
   square root of the number of sweeps; nan for one sweep. Raises ValueError as `sweep_speedup`."""
-  mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])
-  if mine.shape != ref.shape:
-    raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
+  mine, ref = _paired_sweeps(run, reference)
   if mine.size < 2:
     return float('nan')
   ratios = (run['new_tokens'] / mine) / (reference['new_tokens'] / ref)
   return float(np.std(ratios, ddof=1) / np.sqrt(ratios.size))
+
+
+def _paired_sweeps(run: dict, reference: dict):
+  """The two runs' seconds per sweep, as arrays; ValueError when their numbers of sweeps differ."""
+  mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])
+  if mine.shape != ref.shape:
+    raise ValueError(f'runs of different repeats: {mine.size} and {ref.size} sweeps')
+  return mine, ref
 
 
 def _run_interleaved(params, batches, methods: dict, *, target, repeats: int):
