@@ -206,16 +206,21 @@ def time_methods(params, batches, methods: dict, *, target, repeats: int = 2) ->
   Returns:
     name -> dict: tok_s (committed tokens / summed best seconds), seconds, compile_s,
     sweep_seconds (per repeat, its seconds summed over the batches: for `sweep_speedup`),
-    new_tokens, acceptance, tokens_per_pass, position_acceptance (per drafted position, None
-    where never examined), rounds_by_k, tokens (every row's generated ids, batches in order),
+    sweep_tok_s (committed tokens of every sweep / the seconds of every sweep), new_tokens,
+    acceptance, tokens_per_pass, position_acceptance (per drafted position, None where never
+    examined), rounds_by_k, tokens (every row's generated ids, batches in order),
     and per batch: batch_seconds (its best), batch_rounds (loop iterations: the most target
     passes of a row), batch_new_tokens.
   """
   outs, best, compile_s, times = _run_interleaved(params, batches, methods, target=target,
                                                   repeats=repeats)
-  return {name: dict(_method_summary(outs[name], best[name], compile_s[name]),
-                     sweep_seconds=[float(t) for t in np.sum(times[name], axis=1)])
-          for name in methods}
+  out = {}
+  for name in methods:
+    summary = _method_summary(outs[name], best[name], compile_s[name])
+    sweeps = np.sum(times[name], axis=1)
+    out[name] = dict(summary, sweep_seconds=[float(t) for t in sweeps],
+                     sweep_tok_s=float(summary['new_tokens'] * sweeps.size / sweeps.sum()))
+  return out
 
 
 def sweep_speedup(run: dict, reference: dict) -> float:

@@ -110,7 +110,7 @@ def measure(params, batches, methods: dict, *, target, reps: int = 3) -> dict:
         batch_size=rows, num_batches=len(batches), k=config.num_draft_tokens,
         compile_s=r['compile_s'], prefill_s=prefill_s[name], ttft_s=float(np.mean(ttft)),
         tpot_s=float(np.mean(tpot)), e2e_s=r['seconds'], tokens_per_s=r['tok_s'],
-        sweep_tokens_per_s=r['new_tokens'] * len(r['sweep_seconds']) / sum(r['sweep_seconds']),
+        sweep_tokens_per_s=r['sweep_tok_s'],
         new_tokens=r['new_tokens'], acceptance_rate=r['acceptance'],
         mean_accepted_length=r['tokens_per_pass'], rounds_by_k=r['rounds_by_k'],
         position_acceptance=r['position_acceptance'],
