@@ -380,3 +380,46 @@ def test_bad_schedule_settings_rejected(kwargs, message):
 def test_bad_cost_model_rejected(kwargs):
   with pytest.raises(ValueError):
     js.CostModel(**kwargs)
+
+
+def test_ngram_trace_and_replay():
+  """`ngram_trace` reads what the n-gram draft proposes after each generated token and how many
+  of its tokens the recorded greedy continuation matches (by hand below); `replay` charges each
+  round its K's cost, and with `CostModel` makes the same decisions as the schedule's own
+  `choose` and `update` called round by round."""
+  tokens = np.array([1, 2, 3, 1, 2, 3, 9, 0])  # prompt 1 2 3, generated 1 2 3 9, then padding
+  ready, leading = simulate.ngram_trace(tokens, 3, 7, num_draft_tokens=2, max_ngram=3)
+  # t=0: no earlier 3, 2 or 1; t=1: `1` at 0 -> 2 3, both right; t=2: `1 2` at 1 -> 3 1, then
+  # 9; t=3: `1 2 3` at 2 -> 1 2 against 9.
+  assert np.asarray(ready).tolist() == [False, True, True, True]
+  assert np.asarray(leading).tolist() == [0, 2, 1, 0]
+  with pytest.raises(ValueError, match='prompt_length'):
+    simulate.ngram_trace(tokens, 7, 7, num_draft_tokens=2, max_ngram=3)
+  one = lambda schedule: simulate.replay(schedule, ready[None], leading[None], np.array([4]),
+                                         [1.0, 1.5, 2.0])
+  # K = 2: 1 token (not ready), then 3 (2 accepted): 2 rounds at 2.0. K = 1: 1, 2, 1 tokens.
+  assert one(simulate.Fixed(2)) == {'speedup': 1.0, 'rounds_by_k': [0, 0, 2], 'acceptance': 1.0}
+  assert one(simulate.Fixed(1))['speedup'] == pytest.approx(4 / 4.5)
+  rng = np.random.default_rng(0)
+  ready = rng.random((3, 40)) < 0.8
+  leading = np.where(ready, rng.integers(0, 5, (3, 40)), 0)
+  num_new = np.array([40, 33, 21])
+  costs = [1.0, 1.213, 1.317, 1.389, 1.447]  # no exact ties between two Ks' rates
+  model = js.CostModel(ks=(0, 1, 2, 3, 4), round_seconds=tuple(costs), horizon=40)
+  active = jnp.ones((1,), bool)
+  tokens_sum, cost_sum, rounds = 0, 0.0, [0] * 5
+  for r in range(3):
+    state, metrics, t = model.init(1, 4), js.Metrics.zeros(1, 4), 0
+    while t < num_new[r]:
+      k = model.ks[int(model.choose(state, active, jnp.array([ready[r, t]])))]
+      drafted = min(k, num_new[r] - t - 1) if ready[r, t] else 0
+      accepted = min(leading[r, t], drafted)
+      committed = min(accepted + 1, num_new[r] - t)
+      after = metrics.update(active, jnp.array([drafted]), jnp.array([accepted]),
+                             jnp.array([committed]), k)
+      state, metrics = model.update(state, metrics, after, active), after
+      t, cost_sum, rounds[k] = t + committed, cost_sum + costs[k], rounds[k] + 1
+    tokens_sum += t
+  out = simulate.replay(model, ready, leading, num_new, costs)
+  assert out['rounds_by_k'] == rounds and sum(rounds[1:]) > 0
+  assert out['speedup'] == pytest.approx(tokens_sum / cost_sum, rel=1e-5)
