@@ -9,6 +9,8 @@ cost over plain decoding's. Each run starts from the schedule's initial state, a
 
   .venv/bin/python scripts/simulate_schedule.py --acceptance 0.2,0.15,0.1,0.1 \\
       --round-ms 35.9,47.3,57.2,69.5,82.9      # the trained exit draft's costs, docs/adaptive.md
+  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.1,0.1,0.1,0.1 \\
+      --round-ms 1,1.19,1.3,1.32,1.35 --prior-weights 1,2   # two settings side by side
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ def _parse(argv=None):
   p.add_argument('--rounds', type=cli.positive_int, default=40, help='rounds a run (default 40)')
   p.add_argument('--runs', type=cli.positive_int, default=400, help='runs (default 400)')
   p.add_argument('--batch-size', type=cli.positive_int, default=1)
+  p.add_argument('--prior-weights', type=cli.list_of(cli.nonnegative_float), default=None,
+                 help="comma-separated CostModel prior_weight values, one 'auto' each (default: "
+                 "CostModel's)")
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
+  if args.prior_weights is not None and min(args.prior_weights) <= 0:
+    p.error(f'--prior-weights must be > 0, got {args.prior_weights}')
   if len(args.round_ms) != len(args.acceptance) + 1 or min(args.round_ms) <= 0:
     p.error(f'--round-ms must give {len(args.acceptance) + 1} positive costs (K = 0..'
             f'{len(args.acceptance)}, K from --acceptance), got {args.round_ms}')
@@ -44,8 +51,11 @@ def main(argv=None):
   k_max, costs = len(args.acceptance), args.round_ms
   ratios = {f'K={k}': speedup.expected_tokens_by_position(args.acceptance, k) * costs[0] / costs[k]
             for k in range(1, k_max + 1)}
-  schedules = {'heuristic': js.Heuristic(),
-               'auto': js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs))}
+  schedules = {'heuristic': js.Heuristic()}
+  for w in args.prior_weights or [None]:
+    name = 'auto' if w is None else f'auto (prior_weight {w:g})'
+    schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
+                                   **({} if w is None else {'prior_weight': w}))
   rounds = {}
   for name, schedule in schedules.items():
     out = simulate.simulate(schedule, args.acceptance, costs, num_rounds=args.rounds,
@@ -54,8 +64,10 @@ def main(argv=None):
     ratios[name], rounds[name] = out['speedup'], out['rounds_by_k']
   best = max((m for m in ratios if m.startswith('K=')), key=ratios.get)
   print(' | '.join(f'{m} x{r:.3f}' for m, r in ratios.items()))
-  print(f'auto / max(plain, best fixed {best}): {ratios["auto"] / max(1, ratios[best]):.3f}; '
-        f'auto rounds by K (a run): {[round(n, 1) for n in rounds["auto"]]}')
+  for name in schedules:
+    if name.startswith('auto'):
+      print(f'{name} / max(plain, best fixed {best}): {ratios[name] / max(1, ratios[best]):.3f}; '
+            f'rounds by K (a run): {[round(n, 1) for n in rounds[name]]}')
 
 
 if __name__ == '__main__':
