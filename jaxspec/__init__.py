@@ -1,8 +1,8 @@
 """jaxspec: exact speculative decoding as pure, jit-compiled JAX functions."""
 
 from jaxspec import noise
-from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal,
-                               Schedule, Scored, Verifier, buffer_length)
+from jaxspec.contracts import (DeterministicDraft, Draft, DraftContext, FeatureModel, Model,
+                               Prefill, Proposal, Schedule, Scored, Verifier, buffer_length)
 from jaxspec.drafts import FeatureDraft, ModelDraft, NGramDraft
 from jaxspec.loop import (FINISH_REASONS, DecodeConfig, DecodeResult, DecodeState, commit,
                           compile_generate, decode_step, generate, generate_steps, init_state, pad_prompts,
@@ -16,8 +16,8 @@ from jaxspec.verify import (Coupled, Exact, Greedy, Mixture, TypicalAcceptance, 
 from jaxspec.vocab import VocabMappedDraft
 
 __all__ = [
-    'CostModel', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'Draft', 'DraftContext',
-    'Exact', 'FINISH_REASONS', 'FeatureDraft', 'FeatureModel', 'Greedy', 'Heuristic', 'Metrics',
+    'CostModel', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'DeterministicDraft',
+    'Draft', 'DraftContext', 'Exact', 'FINISH_REASONS', 'FeatureDraft', 'FeatureModel', 'Greedy', 'Heuristic', 'Metrics',
     'Mixture', 'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal', 'RowNoise',
     'SamplingConfig', 'Schedule', 'Scored', 'TypicalAcceptance', 'Verifier', 'VocabMappedDraft',
     'buffer_length', 'commit', 'compile_generate', 'decode_step', 'generate', 'generate_steps',

@@ -1,4 +1,5 @@
-"""The contracts between the loop and what plugs into it: a model, a draft, a verifier.
+"""The contracts between the loop and what plugs into it: a model, a draft, a verifier, a
+schedule.
 
 Shape letters, used in every name, docstring and einsum of the package:
 
@@ -182,6 +183,22 @@ class Draft(Protocol):
     """Takes what the target's verify pass computed; returns the next state."""
     del scored
     return state
+
+
+@runtime_checkable
+class DeterministicDraft(Draft, Protocol):
+  """A draft whose proposal is a function of the committed tokens alone, with one-hot q (n-gram
+  lookup). It can say which token it would draft first without drafting, so a plain round (K =
+  0, under a schedule) checks that token against the one the target commits
+  (`Metrics.plain_checked`, `plain_matched`): the schedule keeps observing the draft's
+  acceptance while it drafts nothing, at no cost.
+  """
+
+  def first_token(self, params: Any, state: Any, tokens: jax.Array,
+                  lengths: jax.Array) -> jax.Array:
+    """`[B]` int32: the token `propose` would draft first for each row from the committed tokens
+    (`tokens [B,S]` int32, `lengths [B]` int32), -1 where it would draft nothing (the row is not
+    `ready`)."""
 
 
 @runtime_checkable

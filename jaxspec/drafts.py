@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import ngram
-from jaxspec.contracts import Draft, DraftContext, Prefill, Proposal, Scored
+from jaxspec.contracts import DeterministicDraft, Draft, DraftContext, Prefill, Proposal, Scored
 from jaxspec.sampling import process_logits
 
 
@@ -73,11 +73,12 @@ class ModelDraft(Draft):
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramDraft(Draft):
+class NGramDraft(DeterministicDraft):
   """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the
   row's last n tokens (n from `max_ngram` down to `min_ngram`); a row with no such occurrence
   proposes nothing and is not `ready` (as vLLM's and transformers' prompt lookup), so a schedule
-  can run a plain round there. Its q is one-hot, so exact sampling stays exact. No parameters,
+  can run a plain round there. Its q is one-hot, so exact sampling stays exact, and its proposal
+  is a function of the tokens, so plain rounds check its `first_token` for free. No parameters,
   no cache.
 
   Raises:
@@ -98,6 +99,11 @@ class NGramDraft(Draft):
   def ready(self, params, state, tokens, lengths):
     del params, state
     return ngram.match_end(tokens, lengths, self.max_ngram, self.min_ngram) >= 0
+
+  def first_token(self, params, state, tokens, lengths):
+    del params, state
+    end = ngram.match_end(tokens, lengths, self.max_ngram, self.min_ngram)
+    return jnp.where(end >= 0, ngram.continuation(tokens, lengths, end, 1)[:, 0], -1)
 
   def propose(self, params, state, ctx: DraftContext) -> Proposal:
     if ctx.num_draft_tokens == 0:

@@ -32,8 +32,8 @@ import numpy as np
 
 from jaxspec import noise
 from jaxspec.control import run_if
-from jaxspec.contracts import (Draft, DraftContext, FeatureModel, Model, Prefill, Proposal,
-                               Schedule, Scored, Verifier, buffer_length)
+from jaxspec.contracts import (DeterministicDraft, Draft, DraftContext, FeatureModel, Model,
+                               Prefill, Proposal, Schedule, Scored, Verifier, buffer_length)
 from jaxspec.metrics import Metrics
 from jaxspec.sampling import SamplingConfig
 from jaxspec.verify import Exact, Greedy
@@ -331,21 +331,34 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
                 draft: Draft | None, config: DecodeConfig) -> DecodeState:
   """One round of the loop: `speculative_step` at K = num_draft_tokens or, under a schedule, at
   the K the schedule picks among its compiled branches (`_switch_in_place`), then the schedule's
-  update. A pure function: state -> state."""
+  update. With a `DeterministicDraft`, a plain round (K = 0) also checks the token the draft
+  would have drafted first against the one committed (`Metrics.plain_checked`). A pure function:
+  state -> state."""
   schedule = config.schedule
   if schedule is None:
     return speculative_step(state, target_params, draft_params, target=target, draft=draft,
                             config=config)
+  ks = schedule.branches(config.num_draft_tokens)
   rounds = [functools.partial(speculative_step, target=target, draft=draft,
                               config=dataclasses.replace(config, num_draft_tokens=k,
                                                          schedule=None))
-            for k in schedule.branches(config.num_draft_tokens)]
+            for k in ks]
   active = ~state.done
-  ready = active if draft is None else draft.ready(draft_params, state.draft_state, state.tokens,
-                                                   state.lengths)
+  first = None
+  if isinstance(draft, DeterministicDraft):
+    first = draft.first_token(draft_params, state.draft_state, state.tokens, state.lengths)
+    ready = first >= 0
+  else:
+    ready = active if draft is None else draft.ready(draft_params, state.draft_state,
+                                                     state.tokens, state.lengths)
   index = schedule.choose(state.schedule, active, ready)
   new = _switch_in_place(index, rounds, dataclasses.replace(state, schedule=None), target_params,
                          draft_params)
+  if first is not None and 0 in ks:
+    position = jnp.minimum(state.lengths, state.tokens.shape[1] - 1)[:, None]
+    committed = jnp.take_along_axis(new.tokens, position, axis=1)[:, 0]
+    checked = (jnp.asarray(ks)[index] == 0) & active & ready & (new.lengths > state.lengths)
+    new = dataclasses.replace(new, metrics=new.metrics.check_plain(checked, committed == first))
   return dataclasses.replace(new, schedule=schedule.update(state.schedule, state.metrics,
                                                            new.metrics, ~state.done))
 

@@ -27,6 +27,13 @@ class Metrics:
       (conditional) acceptance rate is position_accepted / position_reached.
     rounds_by_k: `[B, K+1]` rounds run with 0..K drafted tokens allowed (all at K unless a
       `jaxspec.schedule` schedule picks K per round).
+    plain_checked: `[B]` plain rounds (K = 0, under a schedule) in which the first token a
+      `contracts.DeterministicDraft` would have drafted was compared with the token the target
+      committed: an observation of the first position's acceptance that costs no draft or
+      verify work.
+    plain_matched: `[B]` of those, the rounds where the two were equal. At temperature 0 that is
+      what greedy verification accepts; at temperature > 0 it happens with probability p(token),
+      the exact rules' acceptance probability for a one-hot draft.
   """
 
   target_forward_passes: jax.Array
@@ -37,13 +44,15 @@ class Metrics:
   position_reached: jax.Array
   position_accepted: jax.Array
   rounds_by_k: jax.Array
+  plain_checked: jax.Array
+  plain_matched: jax.Array
 
   @classmethod
   def zeros(cls, batch_size: int, num_draft_tokens: int) -> Metrics:
     z = jnp.zeros((batch_size,), jnp.int32)
     zk = jnp.zeros((batch_size, num_draft_tokens), jnp.int32)
     zk1 = jnp.zeros((batch_size, num_draft_tokens + 1), jnp.int32)
-    return cls(z, z, z, z, zk1, zk, zk, zk1)
+    return cls(z, z, z, z, zk1, zk, zk, zk1, z, z)
 
   def update(self, active, num_drafted, num_accepted, num_committed, k: int) -> Metrics:
     """Adds one round run with K = `k` (static) allowed; `active` `[B]` bool masks rows that were
@@ -59,14 +68,22 @@ class Metrics:
                    self.accepted_hist + a[:, None] * hist,
                    self.position_reached + a[:, None] * reached,
                    self.position_accepted + a[:, None] * accepted,
-                   self.rounds_by_k.at[:, k].add(a))
+                   self.rounds_by_k.at[:, k].add(a), self.plain_checked, self.plain_matched)
+
+  def check_plain(self, checked, matched) -> Metrics:
+    """Adds one plain round's check of a deterministic draft's first token: `checked` `[B]` bool
+    (the row was active, the draft had a token, the round committed one), `matched` `[B]` bool
+    (and it equalled the committed token)."""
+    return dataclasses.replace(self, plain_checked=self.plain_checked + checked,
+                               plain_matched=self.plain_matched + (checked & matched))
 
 
 def summarize(metrics: Metrics) -> dict:
   """Batch totals as Python numbers: acceptance_rate = accepted / drafted (0 when nothing was
   drafted), mean_accepted_length = new tokens / target forward passes (tokens per pass),
   position_acceptance[i] = accepted / examined at drafted position i (None where never examined),
-  rounds_by_k[k] = rounds run with K = k (summed over rows)."""
+  rounds_by_k[k] = rounds run with K = k (summed over rows), plain_checked / plain_matched =
+  plain rounds that checked a deterministic draft's first token / found it equal."""
   m = jax.tree.map(np.asarray, metrics)
   passes, drafted = int(m.target_forward_passes.sum()), int(m.drafted.sum())
   return {
@@ -80,4 +97,6 @@ def summarize(metrics: Metrics) -> dict:
       'position_acceptance': [float(a / r) if r else None for a, r in
                               zip(m.position_accepted.sum(0), m.position_reached.sum(0))],
       'rounds_by_k': m.rounds_by_k.sum(0).tolist(),
+      'plain_checked': int(m.plain_checked.sum()),
+      'plain_matched': int(m.plain_matched.sum()),
   }

@@ -29,9 +29,12 @@ from jaxspec.metrics import Metrics
 
 
 def _round_outcome(before: Metrics, after: Metrics):
-  """This round's per-position examined and accepted flags `[B,K]` int32, from the counters."""
-  return (after.position_reached - before.position_reached,
-          after.position_accepted - before.position_accepted)
+  """This round's per-position examined and accepted flags `[B,K]` int32, from the counters; a
+  plain round's check of a deterministic draft's first token counts as position 0 examined."""
+  checked = after.plain_checked - before.plain_checked
+  matched = after.plain_matched - before.plain_matched
+  return (after.position_reached.at[:, 0].add(checked) - before.position_reached,
+          after.position_accepted.at[:, 0].add(matched) - before.position_accepted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +229,8 @@ class CostModel:
   def update(self, state: CostModelState, before: Metrics, after: Metrics, active):
     reached, accepted = _round_outcome(before, after)
     seen, keep = reached > 0, 1 - self.decay
-    drafted = jnp.any(after.drafted > before.drafted)
+    drafted = jnp.any((after.drafted > before.drafted) |
+                      (after.plain_checked > before.plain_checked))  # observed something
     return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
                           jnp.where(seen, keep * state.accepted + accepted, state.accepted),
                           jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32),

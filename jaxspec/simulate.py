@@ -145,11 +145,13 @@ def ngram_trace(tokens, prompt_length: int, length: int, *, num_draft_tokens: in
   return ready, jnp.where(ready, jnp.cumprod(match, axis=1).sum(1), 0).astype(jnp.int32)
 
 
-def replay(schedule, ready, leading, num_new, round_seconds) -> dict:
+def replay(schedule, ready, leading, num_new, round_seconds, *, plain_checks: bool = True) -> dict:
   """Runs `schedule` at batch 1 against recorded drafts, one decode per run, from its initial
   state: a round after t generated tokens drafts K (0 where the draft is not ready, `ready[r,
   t]`), accepts min(K, leading[r, t]) and commits one token more, within the decode's
-  `num_new[r]` tokens, and is charged `round_seconds[K]`.
+  `num_new[r]` tokens, and is charged `round_seconds[K]`. With `plain_checks` a plain round
+  where the draft is ready checks its first token (`leading[r, t] >= 1`), as the loop does for a
+  `contracts.DeterministicDraft`.
 
   Args:
     schedule: a `contracts.Schedule` (`CostModel`, `Heuristic`, `Fixed`).
@@ -187,7 +189,10 @@ def replay(schedule, ready, leading, num_new, round_seconds) -> dict:
           drafted = jnp.where(row_ready, jnp.minimum(k, left - 1), 0).astype(jnp.int32)
           accepted = jnp.minimum(leading_T[t], drafted).astype(jnp.int32)
           committed = jnp.minimum(accepted + 1, left).astype(jnp.int32)
-          return metrics.update(active, drafted, accepted, committed, k), committed[0]
+          metrics = metrics.update(active, drafted, accepted, committed, k)
+          if k == 0 and plain_checks:
+            metrics = metrics.check_plain(row_ready, leading_T[t][None] >= 1)
+          return metrics, committed[0]
         return run
 
       after, committed = jax.lax.switch(index, [at(k) for k in branches], metrics)

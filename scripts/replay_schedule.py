@@ -3,7 +3,8 @@
 Each prompt is decoded greedily (plain) once; after each generated token, what the n-gram draft
 would propose and how many of its tokens the greedy target would accept follow from the tokens
 alone (`jaxspec.simulate.ngram_trace`). Every fixed K and `auto` (`jaxspec.CostModel`, one per
---prior-weights) then decide round after round on those recorded bursts
+--prior-weights, each without and with plain rounds' checks of the draft's first token, as the
+loop runs a `DeterministicDraft`) then decide round after round on those recorded bursts
 (`jaxspec.simulate.replay`), each round charged --round-ms of its K. Ratios are tokens per unit
 of cost over plain decoding's; what they leave out is the clock's noise, and nothing else that
 temperature 0 and batch 1 decide. The default prompts are training prompts: a setting chosen on
@@ -38,8 +39,8 @@ def _parse(argv=None):
                  help='comma-separated cost of a round at K = 0..K_max (K_max + 1 numbers, > 0); '
                  'repeat the flag for several cost tables (default: 22.0,26.1,28.5,29.0,29.6, '
                  "the n-gram's at batch 1 measured by bench_adaptive.py)")
-  p.add_argument('--prior-weights', type=cli.list_of(cli.nonnegative_float), default=[1.0, 2.0],
-                 help="comma-separated CostModel prior_weight values to replay (default 1,2)")
+  p.add_argument('--prior-weights', type=cli.list_of(cli.nonnegative_float), default=[2.0],
+                 help="comma-separated CostModel prior_weight values to replay (default 2)")
   p.add_argument('--ngram', default='ngram', help='the n-gram draft: ngram, ngram:N or ngram:N:M')
   args = p.parse_args(argv)
   args.num_prompts = args.num_prompts or 20
@@ -70,9 +71,9 @@ def main(argv=None):
   decode = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.max_new_tokens,
                            sampling=js.SamplingConfig(temperature=0.0), eos_id=eos, pad_id=eos)
   print('| prompts | round ms, K = 0.. | ' + ' | '.join(f'K={k}' for k in range(1, k_max + 1))
-        + ' | ' + ' | '.join(f'auto (prior_weight {w:g}), rounds by K' for w in
-                             args.prior_weights) + ' |')
-  print('|---' * (2 + k_max + len(args.prior_weights)) + '|')
+        + ' | ' + ' | '.join(f'auto (prior_weight {w:g}{c}), rounds by K' for w in
+                             args.prior_weights for c in (', no plain checks', '')) + ' |')
+  print('|---' * (2 + k_max + 2 * len(args.prior_weights)) + '|')
   for kind in args.prompt_kinds:
     ids = [tok.encode_chat(r['prompt']) for r in rows if r.get('kind') == kind][:args.num_prompts]
     if not ids:
@@ -97,8 +98,9 @@ def main(argv=None):
       for w in args.prior_weights:
         model = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
                              prior_weight=w, horizon=args.max_new_tokens)
-        r = simulate.replay(model, ready, leading, num_new, costs)
-        cells.append(f'x{r["speedup"]:.3f}, {r["rounds_by_k"]}')
+        for checks in (False, True):
+          r = simulate.replay(model, ready, leading, num_new, costs, plain_checks=checks)
+          cells.append(f'x{r["speedup"]:.3f}, {r["rounds_by_k"]}')
       print(f'| {len(ids)} {kind} | {", ".join(f"{c:g}" for c in costs)} | '
             + ' | '.join(cells) + ' |', flush=True)
 

@@ -113,13 +113,12 @@ TABLE_TARGET = toys.random_table(jax.random.key(1), V)
 TABLE_DRAFT = toys.random_table(jax.random.key(2), V)
 
 
-def _sample_rows(sampling, verifier, **config):
+def _sample_rows(sampling, verifier, draft=js.ModelDraft(toys.TableModel()), **config):
   prompts = np.tile(np.asarray([PROMPT], np.int32), (N, 1))
   config = js.DecodeConfig(num_draft_tokens=3, max_new_tokens=NUM_TOKENS, sampling=sampling,
                            verifier=verifier, **config)
   out = js.generate(TABLE_TARGET, TABLE_DRAFT, prompts, np.full((N,), len(PROMPT)), np.arange(N),
-                    target=toys.TableModel(), draft=js.ModelDraft(toys.TableModel()),
-                    config=config)
+                    target=toys.TableModel(), draft=draft, config=config)
   return out.new_tokens(), js.summarize(out.metrics)
 
 
@@ -144,6 +143,18 @@ def test_sampling_stays_exact(sampling, setting, verifier):
   else:
     assert sum(1 for n in summary["rounds_by_k"] if n) >= 2  # K really changed between rounds
   expected = toys.exact_joint(toys.TableModel(), TABLE_TARGET, PROMPT, NUM_TOKENS, sampling)
+  assert toys.chi_square_pvalue(toys.joint_counts(rows, NUM_TOKENS, V), expected) > ALPHA
+
+
+def test_sampling_stays_exact_with_plain_checks():
+  """The n-gram draft under `CostModel` at temperature 1: plain rounds check its first token and
+  the checks feed the K chosen, which still depends on committed tokens only (chi-square at
+  significance 1e-3 against the target's exact joint distribution)."""
+  schedule = js.CostModel(ks=(0, 1, 3), round_seconds=(1.0, 1.01, 1.03), probe_every=0)
+  rows, summary = _sample_rows(T1, js.Exact(), draft=js.NGramDraft(), schedule=schedule)
+  assert all(len(r) == NUM_TOKENS for r in rows)
+  assert summary['plain_checked'] > 0 and sum(summary['rounds_by_k'][1:]) > 0
+  expected = toys.exact_joint(toys.TableModel(), TABLE_TARGET, PROMPT, NUM_TOKENS, T1)
   assert toys.chi_square_pvalue(toys.joint_counts(rows, NUM_TOKENS, V), expected) > ALPHA
 
 
@@ -382,11 +393,12 @@ def test_bad_cost_model_rejected(kwargs):
     js.CostModel(**kwargs)
 
 
-def test_ngram_trace_and_replay():
+@pytest.mark.parametrize('checks', [False, True], ids=['no_plain_checks', 'plain_checks'])
+def test_ngram_trace_and_replay(checks):
   """`ngram_trace` reads what the n-gram draft proposes after each generated token and how many
   of its tokens the recorded greedy continuation matches (by hand below); `replay` charges each
   round its K's cost, and with `CostModel` makes the same decisions as the schedule's own
-  `choose` and `update` called round by round."""
+  `choose` and `update` called round by round, with and without plain rounds' checks."""
   tokens = np.array([1, 2, 3, 1, 2, 3, 9, 0])  # prompt 1 2 3, generated 1 2 3 9, then padding
   ready, leading = simulate.ngram_trace(tokens, 3, 7, num_draft_tokens=2, max_ngram=3)
   # t=0: no earlier 3, 2 or 1; t=1: `1` at 0 -> 2 3, both right; t=2: `1 2` at 1 -> 3 1, then
@@ -417,9 +429,77 @@ def test_ngram_trace_and_replay():
       committed = min(accepted + 1, num_new[r] - t)
       after = metrics.update(active, jnp.array([drafted]), jnp.array([accepted]),
                              jnp.array([committed]), k)
+      if k == 0 and checks:  # a plain round checks the draft's first token where it is ready
+        after = after.check_plain(jnp.array([ready[r, t]]), jnp.array([leading[r, t] >= 1]))
       state, metrics = model.update(state, metrics, after, active), after
       t, cost_sum, rounds[k] = t + committed, cost_sum + costs[k], rounds[k] + 1
     tokens_sum += t
-  out = simulate.replay(model, ready, leading, num_new, costs)
+  out = simulate.replay(model, ready, leading, num_new, costs, plain_checks=checks)
   assert out['rounds_by_k'] == rounds and sum(rounds[1:]) > 0
   assert out['speedup'] == pytest.approx(tokens_sum / cost_sum, rel=1e-5)
+
+
+def test_plain_round_check_counts_as_an_observation():
+  """A plain round's check of a deterministic draft's first token is an observation of position
+  0 (examined; accepted if it matched) and resets the plain-round count, as a drafting round
+  does; a plain round without one observes nothing."""
+  model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.5), decay=0.5, probe_every=3)
+  active = jnp.array([True, True])
+  state = dataclasses.replace(model.init(2, 1), plain_rounds=jnp.int32(2))
+  before = js.Metrics.zeros(2, 1)
+  plain = before.update(active, jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32),
+                        jnp.ones(2, jnp.int32), 0)
+  checked = plain.check_plain(jnp.array([True, True]), jnp.array([True, False]))
+  after = model.update(state, before, checked, active)
+  np.testing.assert_array_equal(after.reached, [[1.0], [1.0]])
+  np.testing.assert_array_equal(after.accepted, [[1.0], [0.0]])
+  assert int(after.plain_rounds) == 0
+  unchecked = model.update(state, before, plain, active)
+  np.testing.assert_array_equal(unchecked.reached, [[0.0], [0.0]])
+  assert int(unchecked.plain_rounds) == 3
+  assert js.summarize(checked)['plain_checked'] == 2
+  assert js.summarize(checked)['plain_matched'] == 1
+
+
+def test_plain_rounds_check_the_ngram_first_token(plain):
+  """Under a schedule that never drafts, every plain round where the n-gram has a match checks
+  the token it would draft first against the committed one: the counts equal a plain-Python
+  lookup over the generated tokens, and the tokens are the plain ones."""
+  schedule = js.CostModel(ks=(0, 1), round_seconds=(1.0, 100.0), probe_every=0)
+  tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
+  config = js.DecodeConfig(max_new_tokens=MAX_NEW, sampling=GREEDY, num_draft_tokens=1,
+                           schedule=schedule)
+  out = js.generate(PARAMS, None, tokens, lengths, np.zeros(len(lengths), int), target=TARGET,
+                    draft=js.NGramDraft(), config=config)
+  assert out.new_tokens() == plain
+  checked = matched = 0
+  for prompt, new in zip(PROMPTS, plain):
+    seq = list(prompt) + new
+    for t in range(len(new)):
+      first = toys.ngram_reference(seq[:len(prompt) + t], 1, 3)
+      checked += first is not None
+      matched += first is not None and first[0] == new[t]
+  summary = js.summarize(out.metrics)
+  assert summary['rounds_by_k'] == [sum(len(n) for n in plain), 0]
+  assert (summary['plain_checked'], summary['plain_matched']) == (checked, matched)
+  assert 0 < matched < checked
+
+
+def test_plain_checks_turn_drafting_on():
+  """A prior that says drafting does not pay and no probes: only plain rounds' checks can show
+  that the n-gram's tokens are accepted. On a prompt that repeats a phrase, a target that copies
+  it (the table model continues the cycle) turns drafting on without a single probe."""
+  schedule = js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 1.2, 1.3), prior=0.05,
+                          probe_every=0)
+  cycle = [3, 4, 5, 6, 7]
+  table = {'table': jnp.full((2, 8, 8), -30.0).at[:, np.array(cycle), np.roll(cycle, -1)].set(30.0)}
+  config = js.DecodeConfig(max_new_tokens=20, sampling=js.SamplingConfig(temperature=0.0),
+                           num_draft_tokens=2, schedule=schedule)
+  prompt = np.array([cycle * 2 + cycle[:2]], np.int32)
+  out = js.generate(table, None, prompt, np.array([prompt.shape[1]]), np.array([0]),
+                    target=toys.TableModel(), draft=js.NGramDraft(), config=config)
+  new = out.new_tokens()[0]
+  assert new == [cycle[(2 + i) % 5] for i in range(20)]
+  summary = js.summarize(out.metrics)
+  assert summary['rounds_by_k'][0] >= 1 and summary['rounds_by_k'][2] > 0
+  assert summary['plain_checked'] == summary['plain_matched'] >= 1

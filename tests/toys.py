@@ -106,3 +106,19 @@ class OracleFeatureDraft:
 
   def init_cache(self, batch_size, buffer_len):
     return jnp.zeros((batch_size, buffer_len), jnp.float32)
+
+
+def ngram_reference(seq: list[int], num_draft_tokens: int, max_ngram: int,
+                    min_ngram: int = 1) -> list[int] | None:
+  """Prompt lookup in plain Python: what followed the latest earlier occurrence of the last n
+  tokens, n from max_ngram down to min_ngram, repeated with the match's period; None without a
+  match."""
+  for n in range(max_ngram, min_ngram - 1, -1):
+    if len(seq) < n + 1:
+      continue
+    ends = [j for j in range(n - 1, len(seq) - 1) if seq[j - n + 1:j + 1] == seq[len(seq) - n:]]
+    if ends:
+      j = ends[-1]
+      period = len(seq) - 1 - j
+      return [seq[j + 1 + i % period] for i in range(num_draft_tokens)]
+  return None
