@@ -7,9 +7,10 @@
   the most expected tokens per second: the sum over active rows of
   E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
   rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
-  does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft,
-  so after `probe_every` plain rounds in a row one round drafts with the smallest K > 0 (a
-  probe); by default the wait is set from the measured costs so that probes that find nothing
+  does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft
+  and in plain rounds that check a `contracts.DeterministicDraft`'s first token against the
+  committed one (free), so after `probe_every` plain rounds in a row that observed nothing one
+  round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured costs so that probes that find nothing
   cost at most `probe_budget` (2%) of the decoding time, and no probe runs with fewer rounds
   left than that wait (it could not pay for itself).
 
@@ -70,8 +71,9 @@ class Heuristic:
 @dataclasses.dataclass(frozen=True)
 class CostModelState:
   """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
-  examined: drafted, every token before it accepted) and accepted; plain_rounds, an int32
-  scalar: rounds in a row that drafted nothing; rounds, an int32 scalar: rounds so far."""
+  examined: drafted, every token before it accepted; or, for i = 0, checked in a plain round)
+  and accepted; plain_rounds, an int32 scalar: rounds in a row that observed nothing; rounds,
+  an int32 scalar: rounds so far."""
 
   reached: jax.Array
   accepted: jax.Array
@@ -112,8 +114,8 @@ class CostModel:
       4's x1.39 in docs/adaptive.md run 24; replayed on recorded n-gram acceptance of training
       prompts, 2 gains up to 12%, and against Bernoulli acceptance it loses at most 1%, at
       rates of 0.1.)
-    probe_every: after this many plain rounds in a row, one round drafts with the smallest K > 0
-      (plain rounds observe nothing); 0 = never (speculation, once off, stays off); None (the
+    probe_every: after this many plain rounds in a row that observed nothing (no check of a
+      deterministic draft's first token), one round drafts with the smallest K > 0; 0 = never (speculation, once off, stays off); None (the
       default) = `probe_interval()`, from the costs and `probe_budget`.
     probe_budget: the largest share of a plain round's time that probes may waste when they
       find nothing (all rejected), > 0: a probe at K costs round_seconds[K] - round_seconds[0]
