@@ -5,8 +5,8 @@ from jaxspec.contracts import (DeterministicDraft, Draft, DraftContext, FeatureM
                                Prefill, Proposal, Schedule, Scored, Verifier, buffer_length)
 from jaxspec.drafts import FeatureDraft, ModelDraft, NGramDraft
 from jaxspec.loop import (FINISH_REASONS, DecodeConfig, DecodeResult, DecodeState, commit,
-                          compile_generate, decode_step, generate, generate_steps, init_state, pad_prompts,
-                          propose, score, speculative_step, validate_inputs, verify)
+                          compile_generate, decode_step, generate, generate_steps, init_state,
+                          pad_prompts, propose, score, speculative_step, validate_inputs, verify)
 from jaxspec.metrics import Metrics, summarize
 from jaxspec.noise import RowNoise, row_keys
 from jaxspec.sampling import SamplingConfig, process_logits
@@ -17,11 +17,11 @@ from jaxspec.vocab import VocabMappedDraft
 
 __all__ = [
     'CostModel', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'DeterministicDraft',
-    'Draft', 'DraftContext', 'Exact', 'FINISH_REASONS', 'FeatureDraft', 'FeatureModel', 'Greedy', 'Heuristic', 'Metrics',
-    'Mixture', 'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal', 'RowNoise',
-    'SamplingConfig', 'Schedule', 'Scored', 'TypicalAcceptance', 'Verifier', 'VocabMappedDraft',
-    'buffer_length', 'commit', 'compile_generate', 'decode_step', 'generate', 'generate_steps',
-    'init_state', 'measure_round_costs', 'measured_cost_model', 'noise', 'pad_prompts',
-    'parse_verifier', 'process_logits', 'propose', 'row_keys', 'score', 'speculative_step',
-    'summarize', 'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',
+    'Draft', 'DraftContext', 'Exact', 'FINISH_REASONS', 'FeatureDraft', 'FeatureModel', 'Greedy',
+    'Heuristic', 'Metrics', 'Mixture', 'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal',
+    'RowNoise', 'SamplingConfig', 'Schedule', 'Scored', 'TypicalAcceptance', 'Verifier',
+    'VocabMappedDraft', 'buffer_length', 'commit', 'compile_generate', 'decode_step', 'generate',
+    'generate_steps', 'init_state', 'measure_round_costs', 'measured_cost_model', 'noise',
+    'pad_prompts', 'parse_verifier', 'process_logits', 'propose', 'row_keys', 'score',
+    'speculative_step', 'summarize', 'validate_inputs', 'verify', 'verify_exact', 'verify_greedy',
 ]

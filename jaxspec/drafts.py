@@ -97,8 +97,7 @@ class NGramDraft(DeterministicDraft):
     return None
 
   def ready(self, params, state, tokens, lengths):
-    del params, state
-    return ngram.match_end(tokens, lengths, self.max_ngram, self.min_ngram) >= 0
+    return self.first_token(params, state, tokens, lengths) >= 0
 
   def first_token(self, params, state, tokens, lengths):
     del params, state

@@ -10,9 +10,9 @@
   does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft
   and in plain rounds that check a `contracts.DeterministicDraft`'s first token against the
   committed one (free), so after `probe_every` plain rounds in a row that observed nothing one
-  round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured costs so that probes that find nothing
-  cost at most `probe_budget` (2%) of the decoding time, and no probe runs with fewer rounds
-  left than that wait (it could not pay for itself).
+  round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured
+  costs so that probes that find nothing cost at most `probe_budget` (2%) of the decoding time,
+  and no probe runs with fewer rounds left than that wait (it could not pay for itself).
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -115,8 +115,9 @@ class CostModel:
       prompts, 2 gains up to 12%, and against Bernoulli acceptance it loses at most 1%, at
       rates of 0.1.)
     probe_every: after this many plain rounds in a row that observed nothing (no check of a
-      deterministic draft's first token), one round drafts with the smallest K > 0; 0 = never (speculation, once off, stays off); None (the
-      default) = `probe_interval()`, from the costs and `probe_budget`.
+      deterministic draft's first token), one round drafts with the smallest K > 0; 0 = never
+      (speculation, once off, stays off); None (the default) = `probe_interval()`, from the costs
+      and `probe_budget`.
     probe_budget: the largest share of a plain round's time that probes may waste when they
       find nothing (all rejected), > 0: a probe at K costs round_seconds[K] - round_seconds[0]
       more than the plain round it replaces, so probing every (that excess /
