@@ -332,13 +332,17 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
   """One round of the loop: `speculative_step` at K = num_draft_tokens or, under a schedule, at
   the K the schedule picks among its compiled branches (`_switch_in_place`), then the schedule's
   update. With a `DeterministicDraft`, a plain round (K = 0) also checks the token the draft
-  would have drafted first against the one committed (`Metrics.plain_checked`). A pure function:
-  state -> state."""
+  would have drafted first against the one committed (`Metrics.plain_checked`). A schedule whose
+  only branch is K = 0 runs plain decoding's round (no draft, no schedule update). A pure
+  function: state -> state."""
   schedule = config.schedule
   if schedule is None:
     return speculative_step(state, target_params, draft_params, target=target, draft=draft,
                             config=config)
   ks = schedule.branches(config.num_draft_tokens)
+  if ks == (0,):  # no K can pay: plain decoding's round, the draft never called
+    return speculative_step(state, target_params, draft_params, target=target, draft=None,
+                            config=dataclasses.replace(config, num_draft_tokens=0, schedule=None))
   rounds = [functools.partial(speculative_step, target=target, draft=draft,
                               config=dataclasses.replace(config, num_draft_tokens=k,
                                                          schedule=None))

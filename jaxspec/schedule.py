@@ -7,7 +7,9 @@
   the most expected tokens per second: the sum over active rows of
   E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
   rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
-  does not pay (a slow draft, a large batch) it picks 0. Rates change only in rounds that draft
+  does not pay (a slow draft, a large batch) it picks 0; a K whose round costs K + 1 plain ones
+  or more can never pay and is not compiled, and with no K left the loop runs plain decoding's
+  own round (the draft is never called). Rates change only in rounds that draft
   and in plain rounds that check a `contracts.DeterministicDraft`'s first token against the
   committed one (free), so after `probe_every` plain rounds in a row that observed nothing one
   round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured
@@ -123,7 +125,7 @@ class CostModel:
       more than the plain round it replaces, so probing every (that excess /
       round_seconds[0]) / probe_budget plain rounds spends at most this share. At batch 1 on
       the 2-core CPU of docs/adaptive.md a K = 1 round costs ~1.1 plain ones (a probe every 5
-      rounds); at batch 16, ~2.35 (every 68): bursty drafts (n-gram copies) are found again
+      rounds); at batch 32, ~1.9 (every 45): bursty drafts (n-gram copies) are found again
       quickly where probing is cheap, and rarely probed where it is dear.
     horizon: the most rounds a decode runs (its max_new_tokens: a round commits >= 1 token a
       row), or None (unknown). A probe needs more than `probe_interval()` rounds left after it
@@ -161,22 +163,36 @@ class CostModel:
                        f'{self.decay}, {self.prior_weight}, {self.probe_every}, '
                        f'{self.probe_budget}, {self.horizon}')
 
+  def paying(self) -> tuple[int, ...]:
+    """The Ks of `ks` a round may run (ascending): K = 0 and every K > 0 whose round costs less
+    than K + 1 plain rounds. A round commits at most K + 1 tokens a row, so a K that costs more
+    never beats plain decoding, whatever the acceptance (at batch 16 on the 2-core CPU of
+    docs/adaptive.md a K = 1 round costs ~2.2 plain ones). Without a K = 0, all of `ks`."""
+    if self.ks[0] != 0:
+      return self.ks
+    plain = self.round_seconds[0]
+    return tuple(k for k, c in zip(self.ks, self.round_seconds) if k == 0 or c < (k + 1) * plain)
+
   def probe_interval(self) -> int:
     """Plain rounds in a row after which a round probes: `probe_every` if given, else
     ceil(excess / probe_budget), at least 1, where excess = round_seconds[K] /
-    round_seconds[0] - 1 for the smallest K > 0; 0 (never) without a K = 0 and a K > 0."""
-    if self.ks[0] != 0 or len(self.ks) < 2:
+    round_seconds[0] - 1 for the smallest K > 0 of `paying()`; 0 (never) without a K = 0 and
+    a K > 0 there."""
+    ks = self.paying()
+    if ks[0] != 0 or len(ks) < 2:
       return 0
     if self.probe_every is not None:
       return self.probe_every
-    excess = self.round_seconds[1] / self.round_seconds[0] - 1
+    excess = self.round_seconds[self.ks.index(ks[1])] / self.round_seconds[0] - 1
     return max(1, int(np.ceil(excess / self.probe_budget - 1e-9)))
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
+    """`paying()`: the Ks that can beat plain decoding at some acceptance rate (only (0,) when
+    none can: the loop then runs plain decoding's own round and never calls the draft)."""
     if self.ks[-1] > max_draft_tokens:
       raise ValueError(f'the cost model has K up to {self.ks[-1]}, more than num_draft_tokens '
                        f'{max_draft_tokens}')
-    return self.ks
+    return self.paying()
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
     zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
@@ -212,10 +228,13 @@ class CostModel:
     return jnp.sum(jnp.where(active[:, None], per_k, 0.0), axis=0)
 
   def choose(self, state: CostModelState, active, ready):
-    rate = (self.expected_tokens(state, active, ready) /
-            jnp.asarray(self.round_seconds, jnp.float32))
+    """The index into `branches` (`paying()`) of this round's K."""
+    ks = self.paying()
+    kept = np.array([self.ks.index(k) for k in ks])
+    rate = (self.expected_tokens(state, active, ready)[kept] /
+            jnp.asarray(self.round_seconds, jnp.float32)[kept])
     index = jnp.argmax(rate).astype(jnp.int32)
-    positive = [i for i, k in enumerate(self.ks) if k > 0]
+    positive = [i for i, k in enumerate(ks) if k > 0]
     if positive:
       # Nothing examined yet: draft no more than the smallest K > 0, if drafting pays at all.
       unseen = ~jnp.any(active & (state.reached[:, 0] > 0))

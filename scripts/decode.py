@@ -186,7 +186,8 @@ def main(argv=None):
       model = js.measured_cost_model(params, draft_params, tokens, lengths, keys, target=target,
                                      draft=draft, config=decode_config(args.max_draft_tokens))
       _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
-                                          for kk, c in zip(model.ks, model.round_seconds)))
+                                          for kk, c in zip(model.ks, model.round_seconds)) +
+           f'; K that can pay: {", ".join(map(str, model.paying()))}')
       return decode_config(args.max_draft_tokens, schedule=model, **early)
     return decode_config(k, **early)
 

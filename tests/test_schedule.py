@@ -217,7 +217,7 @@ def test_cost_model_rule():
         np.argmax(np.array(e) / model.round_seconds))
   plain = model.update(state, *_metrics([0, 0], [0, 0]), active)
   assert int(plain.plain_rounds) == 1 and np.array_equal(plain.reached, state.reached)
-  bad = js.CostModel(ks=(0, 1), round_seconds=(1.0, 2.0), probe_every=2)
+  bad = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.9), probe_every=2)
   off = bad.init(2, 1)
   assert int(bad.choose(off, active, active)) == 0
   assert int(bad.choose(dataclasses.replace(off, plain_rounds=jnp.int32(2)), active, active)) == 1
@@ -226,7 +226,7 @@ def test_cost_model_rule():
                         ~active)) == 0
   # A horizon of 10 rounds: a probe due after round 7 has 2 rounds left, not more than the
   # interval of 2, so it is skipped; after round 6 it runs.
-  near = js.CostModel(ks=(0, 1), round_seconds=(1.0, 2.0), probe_every=2, horizon=10)
+  near = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.9), probe_every=2, horizon=10)
   due = lambda rounds: dataclasses.replace(off, plain_rounds=jnp.int32(2),
                                            rounds=jnp.int32(rounds))
   assert int(near.choose(due(6), active, active)) == 1
@@ -242,7 +242,8 @@ def test_probe_interval_follows_the_costs():
   interval = lambda **kw: js.CostModel(**{'ks': (0, 1), 'round_seconds': (1.0, 1.1),
                                           **kw}).probe_interval()
   assert interval() == 5
-  assert interval(round_seconds=(1.0, 2.35)) == 68
+  assert interval(round_seconds=(1.0, 1.9)) == 45
+  assert interval(round_seconds=(1.0, 2.35)) == 0  # K = 1 cannot pay: nothing to probe
   assert interval(probe_budget=0.05) == 2
   assert interval(probe_every=7) == 7
   assert interval(ks=(1, 2)) == 0  # no plain branch: nothing to probe from
@@ -301,6 +302,42 @@ def test_simulated_schedules():
     assert out['speedup'] >= 0.95 * best, (out, best)
   with pytest.raises(ValueError, match='round_seconds'):
     simulate.simulate(model, [0.5], [1.0], num_rounds=1, num_runs=1, key=next(keys))
+
+
+def test_cost_model_compiles_only_ks_that_can_pay():
+  """A round commits at most K + 1 tokens a row, so a K whose round costs K + 1 plain ones or
+  more is dropped from the branches (`paying`), and choose's index and the probe interval are
+  over the Ks kept."""
+  model = js.CostModel(ks=(0, 1, 2, 4), round_seconds=(1.0, 2.0, 2.5, 5.0), probe_budget=0.1)
+  assert model.paying() == model.branches(4) == (0, 2)
+  assert model.probe_interval() == 15  # from K = 2's excess of 1.5, not K = 1's
+  active = jnp.array([True])
+  state = model.init(1, 4)
+  seen = dataclasses.replace(state, reached=jnp.full((1, 4), 10.0),
+                             accepted=jnp.full((1, 4), 10.0))  # every token accepted so far
+  assert int(model.choose(seen, active, active)) == 1  # K = 2, index 1 of (0, 2)
+  assert js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 2.0, 3.5)).paying() == (0,)
+  assert js.CostModel(ks=(1, 2), round_seconds=(5.0, 9.0)).paying() == (1, 2)  # no K = 0
+
+
+class _NeverCalled(js.NGramDraft):
+  """An n-gram draft that fails the trace if the loop asks it anything after prefill."""
+
+  def propose(self, params, state, ctx):
+    raise AssertionError('propose called')
+
+  def first_token(self, params, state, tokens, lengths):
+    raise AssertionError('first_token called')
+
+
+def test_schedule_that_cannot_pay_runs_plain_rounds(plain):
+  """With no K > 0 that could pay, the loop runs plain decoding's round: the plain tokens and
+  the draft never asked for a token or a check."""
+  schedule = js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 2.0, 3.0))
+  tokens, summary = _llama_run(_NeverCalled(), None, num_draft_tokens=2, schedule=schedule)
+  assert tokens == plain
+  assert summary['rounds_by_k'] == [sum(len(t) for t in plain), 0, 0]
+  assert summary['plain_checked'] == 0
 
 
 def test_cost_model_counts_one_token_for_rows_not_ready():
@@ -464,8 +501,10 @@ def test_plain_round_check_counts_as_an_observation():
 def test_plain_rounds_check_the_ngram_first_token(plain):
   """Under a schedule that never drafts, every plain round where the n-gram has a match checks
   the token it would draft first against the committed one: the counts equal a plain-Python
-  lookup over the generated tokens, and the tokens are the plain ones."""
-  schedule = js.CostModel(ks=(0, 1), round_seconds=(1.0, 100.0), probe_every=0)
+  lookup over the generated tokens, and the tokens are the plain ones. (A K = 1 round at 1.99
+  plain ones pays only at rates above 0.99, which counts discounted by 0.1 and a prior of 0
+  never reach.)"""
+  schedule = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.99), prior=0.0, probe_every=0)
   tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
   config = js.DecodeConfig(max_new_tokens=MAX_NEW, sampling=GREEDY, num_draft_tokens=1,
                            schedule=schedule)
