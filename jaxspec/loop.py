@@ -175,16 +175,26 @@ def _feature_target(target, draft) -> bool:
   return True
 
 
+def _plain_only(config: DecodeConfig) -> bool:
+  """Whether a schedule left only K = 0 to compile (no K can pay): plain decoding's program."""
+  return (config.schedule is not None
+          and config.schedule.branches(config.num_draft_tokens) == (0,))
+
+
 def init_state(target_params, draft_params, prompt_tokens, prompt_lengths, keys, *,
                target: Model, draft: Draft | None, config: DecodeConfig) -> DecodeState:
-  """Allocates the buffer and caches and prefills target (and draft) with the prompts.
+  """Allocates the buffer and caches and prefills target (and draft) with the prompts. Under a
+  schedule whose only branch is K = 0 (`Schedule.branches`: no K can pay), the state is plain
+  decoding's: no draft state, no target features, a buffer without the draft window.
 
   Args:
     prompt_tokens: `[B,P]` int32, each row right-padded; P is the shape bucket.
     prompt_lengths: `[B]` int32 in [1, P].
     keys: `[B]` PRNG keys, one per row (`jaxspec.noise.row_keys`).
   """
-  k = config.num_draft_tokens
+  k = max_k = config.num_draft_tokens
+  if _plain_only(config):
+    draft, k = None, 0
   b, p = prompt_tokens.shape
   s = buffer_length(p, config.max_new_tokens, k)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
@@ -200,10 +210,10 @@ def init_state(target_params, draft_params, prompt_tokens, prompt_lengths, keys,
   draft_state = None
   if draft is not None:
     draft_state = draft.init(draft_params, Prefill(prompt_tokens, prompt_lengths, s, k, features))
-  schedule = config.schedule and config.schedule.init(b, k)
+  schedule = config.schedule and config.schedule.init(b, max_k)
   return DecodeState(tokens=tokens, lengths=prompt_lengths, prompt_lengths=prompt_lengths,
                      finish=jnp.zeros((b,), jnp.int32), target_cache=target_cache,
-                     draft_state=draft_state, keys=keys, metrics=Metrics.zeros(b, k),
+                     draft_state=draft_state, keys=keys, metrics=Metrics.zeros(b, max_k),
                      schedule=schedule)
 
 
@@ -340,7 +350,7 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
     return speculative_step(state, target_params, draft_params, target=target, draft=draft,
                             config=config)
   ks = schedule.branches(config.num_draft_tokens)
-  if ks == (0,):  # no K can pay: plain decoding's round, the draft never called
+  if _plain_only(config):  # no K can pay: plain decoding's round, the draft never called
     return speculative_step(state, target_params, draft_params, target=target, draft=None,
                             config=dataclasses.replace(config, num_draft_tokens=0, schedule=None))
   rounds = [functools.partial(speculative_step, target=target, draft=draft,

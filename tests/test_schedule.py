@@ -321,7 +321,10 @@ def test_cost_model_compiles_only_ks_that_can_pay():
 
 
 class _NeverCalled(js.NGramDraft):
-  """An n-gram draft that fails the trace if the loop asks it anything after prefill."""
+  """An n-gram draft that fails the trace if the loop asks it anything, prefill included."""
+
+  def init(self, params, prefill):
+    raise AssertionError('init called')
 
   def propose(self, params, state, ctx):
     raise AssertionError('propose called')
@@ -332,7 +335,7 @@ class _NeverCalled(js.NGramDraft):
 
 def test_schedule_that_cannot_pay_runs_plain_rounds(plain):
   """With no K > 0 that could pay, the loop runs plain decoding's round: the plain tokens and
-  the draft never asked for a token or a check."""
+  the draft never prefilled nor asked for a token or a check."""
   schedule = js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 2.0, 3.0))
   tokens, summary = _llama_run(_NeverCalled(), None, num_draft_tokens=2, schedule=schedule)
   assert tokens == plain
