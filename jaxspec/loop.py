@@ -349,10 +349,10 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
   if schedule is None:
     return speculative_step(state, target_params, draft_params, target=target, draft=draft,
                             config=config)
-  ks = schedule.branches(config.num_draft_tokens)
   if _plain_only(config):  # no K can pay: plain decoding's round, the draft never called
     return speculative_step(state, target_params, draft_params, target=target, draft=None,
                             config=dataclasses.replace(config, num_draft_tokens=0, schedule=None))
+  ks = schedule.branches(config.num_draft_tokens)
   rounds = [functools.partial(speculative_step, target=target, draft=draft,
                               config=dataclasses.replace(config, num_draft_tokens=k,
                                                          schedule=None))
