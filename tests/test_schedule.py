@@ -3,7 +3,9 @@ the plain tokens; sampled: the target's distribution, chi-square at significance
 seeds), the K the schedule picks is the one its rule says, and the draft's state survives K
 changing from round to round."""
 
+import collections
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxspec as js
-from jaxspec import simulate, speedup
+from jaxspec import loop, simulate, speedup
 from models.llama import LlamaForward
 from tests import toys
 # The tiny Llama, its prompts and budget of the greedy-identity tests.
@@ -341,6 +343,35 @@ def test_schedule_that_cannot_pay_runs_plain_rounds(plain):
   assert tokens == plain
   assert summary['rounds_by_k'] == [sum(len(t) for t in plain), 0, 0]
   assert summary['plain_checked'] == 0
+
+
+def _op_counts(draft, draft_params, **config):
+  """How many times each StableHLO op, and each call of a function by name, occurs in the
+  lowered decode program."""
+  tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
+  config = js.DecodeConfig(max_new_tokens=MAX_NEW, sampling=GREEDY, **config)
+  args, statics = loop._checked_args(PARAMS, draft_params, tokens, lengths,
+                                     np.zeros(len(lengths), int), target=TARGET, draft=draft,
+                                     config=config)
+  text = loop._decode_jit.lower(*args, **statics).as_text()
+  ops = re.findall(r'stablehlo\.(\w+)|call @(\w+?)(?:_\d+)?\(', text)
+  return collections.Counter(op or f'call {fn}' for op, fn in ops)
+
+
+def test_schedule_that_cannot_pay_compiles_plain_decodings_program():
+  """A draft model that could be called (unlike `_NeverCalled`) under a schedule with only K = 0
+  left: the lowered program has plain decoding's ops, bar the constants and broadcasts that
+  make the schedule's state and the metrics' per-K counters (carried through the loop, never
+  updated), so `auto` there runs the same computation as plain decoding."""
+  schedule = js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 2.0, 3.0))
+  plain = _op_counts(None, None, num_draft_tokens=0)
+  auto = _op_counts(js.ModelDraft(TARGET), PARAMS, num_draft_tokens=2, schedule=schedule)
+  drafting = _op_counts(js.ModelDraft(TARGET), PARAMS, num_draft_tokens=2,
+                        schedule=js.CostModel(ks=(0, 1, 2), round_seconds=(1.0, 1.1, 1.2)))
+  setup = {'constant', 'broadcast_in_dim'}
+  same = lambda c: {op: n for op, n in c.items() if op not in setup}
+  assert same(auto) == same(plain)
+  assert same(drafting) != same(plain)  # the comparison sees a draft compiled in
 
 
 def test_cost_model_counts_one_token_for_rows_not_ready():
