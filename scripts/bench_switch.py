@@ -5,7 +5,7 @@ in (default the n-gram); warm runs, interleaved; plain is timed twice ('plain ag
 program: the run's noise). Prints each method's best wall ms and its speed over plain two ways:
 by best times and over all sweeps (`bench_rounds.sweep_speedup`, ± its standard error).
 
-  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit]
+  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit] [--temperature 1]
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def main(argv=None):
   p.add_argument('--repeats', type=cli.positive_int, default=3)
   p.add_argument('--batch-size', type=cli.positive_int, default=1,
                  help='rows decoding the prompt together (default 1)')
+  p.add_argument('--temperature', type=cli.nonnegative_float, default=0.0,
+                 help='sampling temperature (default 0: greedy)')
   p.add_argument('--draft', default='ngram',
                  type=cli.parsed_by(loading.parse_draft_spec, keep_text=True),
                  help='draft spec, as decode.py --draft (default ngram)')
@@ -35,7 +37,7 @@ def main(argv=None):
   tok = loading.tokenizer_for(gguf)
   tokens, lengths = js.pad_prompts([tok.encode_chat(args.prompt)] * args.batch_size,
                                    pad_id=tok.pad_id)
-  greedy = js.SamplingConfig(temperature=0)
+  sampling = js.SamplingConfig(temperature=args.temperature)
   # Rounds at K cost 0.99 (K + 1) plain ones, so every branch is compiled (`CostModel.paying`),
   # but K > 0 pays only at acceptance rates above 0.98 (chat prompts give the n-gram ~0.1); a
   # prior of 0 and no probes: every round is plain ('rounds by K' below shows it).
@@ -43,7 +45,7 @@ def main(argv=None):
   off = lambda k: js.CostModel(ks=tuple(range(k + 1)), round_seconds=costs(k), prior=0.0,
                                probe_every=0)
   cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
-                                        sampling=greedy, **kw)
+                                        sampling=sampling, **kw)
   draft, draft_params = loading.load_draft(args.draft, config, params, target_tokenizer=tok)
   methods = {'plain': (None, None, cfg(0)), 'plain again': (None, None, cfg(0)),
              'auto, 5 branches, K=0': (draft, draft_params, cfg(4, schedule=off(4))),
