@@ -2,10 +2,14 @@
 (a cost model whose drafting rounds could pay only at rates ~1, no probes), with 5 and with 2
 compiled branches, on one prompt (decoded by --batch-size rows together), with --draft compiled
 in (default the n-gram); warm runs, interleaved; plain is timed twice ('plain again', the same
-program: the run's noise). Prints each method's best wall ms and its speed over plain two ways:
-by best times and over all sweeps (`bench_rounds.sweep_speedup`, ± its standard error).
+program: the run's noise); and the same for drafting rounds: a fixed K = 1 against `auto` forced
+to K = 1 every round (K = 1 priced as a plain round, K >= 2 just under the K + 1 bound, so all 5
+branches stay compiled and K = 1 always wins). Prints each method's best wall ms and its speed
+over plain two ways: by best times and over all sweeps (`bench_rounds.sweep_speedup`, ± its
+standard error).
 
-  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit] [--temperature 1]
+  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit] \
+      [--temperature 1]
 """
 
 from __future__ import annotations
@@ -44,12 +48,15 @@ def main(argv=None):
   costs = lambda k: (1.0,) + tuple(0.99 * (j + 1) for j in range(1, k + 1))
   off = lambda k: js.CostModel(ks=tuple(range(k + 1)), round_seconds=costs(k), prior=0.0,
                                probe_every=0)
+  on = js.CostModel(ks=(0, 1, 2, 3, 4), round_seconds=(1.0, 1.0, 2.9, 3.9, 4.9), probe_every=0)
   cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                                         sampling=sampling, **kw)
   draft, draft_params = loading.load_draft(args.draft, config, params, target_tokenizer=tok)
   methods = {'plain': (None, None, cfg(0)), 'plain again': (None, None, cfg(0)),
              'auto, 5 branches, K=0': (draft, draft_params, cfg(4, schedule=off(4))),
-             'auto, 2 branches, K=0': (draft, draft_params, cfg(1, schedule=off(1)))}
+             'auto, 2 branches, K=0': (draft, draft_params, cfg(1, schedule=off(1))),
+             'K=1': (draft, draft_params, cfg(1)),
+             'auto, 5 branches, K=1': (draft, draft_params, cfg(4, schedule=on))}
   runs = bench_rounds.time_methods(params, [(tokens, lengths, np.arange(args.batch_size))], methods,
                                    target=loading.forward_for(config), repeats=args.repeats)
   plain = runs['plain']
