@@ -84,11 +84,12 @@ def forward_loop(model, batch: int, t: int, position: int, buffer_len: int, iter
   return call
 
 
-def round_loop(statics: dict, iters: int):
+def round_loop(statics: dict, iters: int, step=speculative_step):
   """A jitted `(state, target_params, draft_params) -> tokens [B,S]` running `iters` rounds of
-  `speculative_step` in one fori_loop; `statics` holds its `target`, `draft` and `config`."""
+  `step` (`speculative_step`, or `jaxspec.loop.decode_step` for rounds under a schedule) in one
+  fori_loop; `statics` holds its `target`, `draft` and `config`."""
   return jax.jit(lambda s, tp, dp: jax.lax.fori_loop(
-      0, iters, lambda _, s: speculative_step(s, tp, dp, **statics), s).tokens)
+      0, iters, lambda _, s: step(s, tp, dp, **statics), s).tokens)
 
 
 def timed(fn, *args, reps: int = 5) -> float:

@@ -259,15 +259,44 @@ class CostModel:
                           state.rounds + 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Forced:
+  """A schedule that compiles a branch for every K of `ks` and always runs K = `k`: the rounds a
+  schedule over `ks` runs, at one K."""
+
+  ks: tuple[int, ...]
+  k: int
+
+  def branches(self, max_draft_tokens):
+    del max_draft_tokens
+    return self.ks
+
+  def init(self, batch_size, max_draft_tokens):
+    del batch_size, max_draft_tokens
+    return jnp.int32(0)
+
+  def choose(self, state, active, ready):
+    del state, active, ready
+    return jnp.int32(self.ks.index(self.k))
+
+  def update(self, state, before, after, active):
+    del before, after, active
+    return state
+
+
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
                         target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
                         repeats: int = 5) -> tuple[float, ...]:
   """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
-  devices that decoding will use): for each K, `rounds` rounds of `speculative_step` run in one
-  compiled loop from the prefilled state. The Ks are timed in turn, `repeats` times after one
-  warm-up (so a burst of load on a shared machine hits them alike), and the best time is kept;
-  a K's cost is then raised to the largest cost of the smaller Ks (a round with more drafted
-  tokens does strictly more work, so a lower time is noise).
+  devices that decoding will use): for each K, `rounds` rounds of `loop.decode_step` run in one
+  compiled loop from the prefilled state, under a schedule that compiles a branch for every K of
+  `ks` and picks that K every round, so the price includes what the schedule's switch and a
+  deterministic draft's plain-round check cost (a drafting round under the switch cost 1-2% more
+  than in a fixed-K loop with EAGLE at batch 1, docs/adaptive.md run 28). The Ks are timed in
+  turn, `repeats` times after one warm-up (so a burst of load on a shared machine hits them
+  alike), and the best time is kept; a K's cost is then raised to the largest cost of the
+  smaller Ks (a round with more drafted tokens does strictly more work, so a lower time is
+  noise).
 
   Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size).
   Returns:
@@ -278,17 +307,17 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
   if not all(0 <= k <= config.num_draft_tokens for k in ks):
     raise ValueError(f'every K must be in [0, num_draft_tokens={config.num_draft_tokens}], got '
                      f'{tuple(ks)}')
-  config = dataclasses.replace(config, schedule=None)
+  branches = tuple(sorted(set(ks)))
+  config_at = lambda k: dataclasses.replace(config, schedule=_Forced(branches, k))
   args, statics = loop._checked_args(target_params, draft_params, prompt_tokens,  # pylint: disable=protected-access
                                      prompt_lengths, seeds, target=target, draft=draft,
-                                     config=config)
+                                     config=config_at(branches[0]))
   state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
-  config_at = lambda k: dataclasses.replace(config, num_draft_tokens=k)
-  jobs = {k: (bench.round_loop(dict(statics, config=config_at(k)), rounds),
-              (state, target_params, draft_params)) for k in ks}
+  jobs = {k: (bench.round_loop(dict(statics, config=config_at(k)), rounds, loop.decode_step),
+              (state, target_params, draft_params)) for k in branches}
   seconds = bench.timed_together(jobs, reps=repeats)
-  costs = np.maximum.accumulate([seconds[k] / rounds for k in sorted(ks)])
-  return tuple(float(costs[sorted(ks).index(k)]) for k in ks)
+  costs = np.maximum.accumulate([seconds[k] / rounds for k in branches])
+  return tuple(float(costs[branches.index(k)]) for k in ks)
 
 
 def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
