@@ -11,6 +11,8 @@ cost over plain decoding's. Each run starts from the schedule's initial state, a
       --round-ms 35.9,47.3,57.2,69.5,82.9      # the trained exit draft's costs, docs/adaptive.md
   .venv/bin/python scripts/simulate_schedule.py --acceptance 0.1,0.1,0.1,0.1 \\
       --round-ms 1,1.19,1.3,1.32,1.35 --prior-weights 1,2   # two settings side by side
+  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.19,0.15,0.1,0.1 \
+      --round-ms 18.5,20.7,24,27,30 --decays 0.3,0.1,0.02   # how fast the counts forget
 """
 
 from __future__ import annotations
@@ -36,10 +38,15 @@ def _parse(argv=None):
   p.add_argument('--prior-weights', type=cli.list_of(cli.nonnegative_float), default=None,
                  help="comma-separated CostModel prior_weight values, one 'auto' each (default: "
                  "CostModel's)")
+  p.add_argument('--decays', type=cli.list_of(cli.probability), default=None,
+                 help="comma-separated CostModel decay values in (0, 1], one 'auto' each per "
+                 "prior weight (default: CostModel's)")
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
   if args.prior_weights is not None and min(args.prior_weights) <= 0:
     p.error(f'--prior-weights must be > 0, got {args.prior_weights}')
+  if args.decays is not None and min(args.decays) <= 0:
+    p.error(f'--decays must be in (0, 1], got {args.decays}')
   if len(args.round_ms) != len(args.acceptance) + 1 or min(args.round_ms) <= 0:
     p.error(f'--round-ms must give {len(args.acceptance) + 1} positive costs (K = 0..'
             f'{len(args.acceptance)}, K from --acceptance), got {args.round_ms}')
@@ -53,9 +60,12 @@ def main(argv=None):
             for k in range(1, k_max + 1)}
   schedules = {'heuristic': js.Heuristic()}
   for w in args.prior_weights or [None]:
-    name = 'auto' if w is None else f'auto (prior_weight {w:g})'
-    schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
-                                   **({} if w is None else {'prior_weight': w}))
+    for d in args.decays or [None]:
+      settings = {k: v for k, v in (('prior_weight', w), ('decay', d)) if v is not None}
+      name = 'auto' + (f' ({", ".join(f"{k} {v:g}" for k, v in settings.items())})'
+                       if settings else '')
+      schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
+                                     **settings)
   rounds = {}
   for name, schedule in schedules.items():
     out = simulate.simulate(schedule, args.acceptance, costs, num_rounds=args.rounds,
