@@ -261,11 +261,11 @@ class CostModel:
 
 @dataclasses.dataclass(frozen=True)
 class _Forced:
-  """A schedule that compiles a branch for every K of `ks` and always runs K = `k`: the rounds a
-  schedule over `ks` runs, at one K."""
+  """A schedule that compiles a branch for every K of `ks` and runs the branch its state names:
+  an int32 index into `ks`, data rather than a constant, so one compiled program runs every K
+  (and the compiler cannot fold the switch away)."""
 
   ks: tuple[int, ...]
-  k: int
 
   def branches(self, max_draft_tokens):
     del max_draft_tokens
@@ -276,8 +276,8 @@ class _Forced:
     return jnp.int32(0)
 
   def choose(self, state, active, ready):
-    del state, active, ready
-    return jnp.int32(self.ks.index(self.k))
+    del active, ready
+    return state
 
   def update(self, state, before, after, active):
     del before, after, active
@@ -290,7 +290,8 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
   """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
   devices that decoding will use): for each K, `rounds` rounds of `loop.decode_step` run in one
   compiled loop from the prefilled state, under a schedule that compiles a branch for every K of
-  `ks` and picks that K every round, so the price includes what the schedule's switch and a
+  `ks` and picks that K every round (the K an input of the one program compiled for all of them,
+  as auto's choice is), so the price includes what the schedule's switch and a
   deterministic draft's plain-round check cost (a drafting round under the switch cost 1-2% more
   than in a fixed-K loop with EAGLE at batch 1, docs/adaptive.md run 28). The Ks are timed in
   turn, `repeats` times after one warm-up (so a burst of load on a shared machine hits them
@@ -308,13 +309,14 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
     raise ValueError(f'every K must be in [0, num_draft_tokens={config.num_draft_tokens}], got '
                      f'{tuple(ks)}')
   branches = tuple(sorted(set(ks)))
-  config_at = lambda k: dataclasses.replace(config, schedule=_Forced(branches, k))
+  config = dataclasses.replace(config, schedule=_Forced(branches))
   args, statics = loop._checked_args(target_params, draft_params, prompt_tokens,  # pylint: disable=protected-access
                                      prompt_lengths, seeds, target=target, draft=draft,
-                                     config=config_at(branches[0]))
+                                     config=config)
   state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
-  jobs = {k: (bench.round_loop(dict(statics, config=config_at(k)), rounds, loop.decode_step),
-              (state, target_params, draft_params)) for k in branches}
+  run = bench.round_loop(statics, rounds, loop.decode_step)  # one program for every K
+  jobs = {k: (run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
+                    draft_params)) for i, k in enumerate(branches)}
   seconds = bench.timed_together(jobs, reps=repeats)
   costs = np.maximum.accumulate([seconds[k] / rounds for k in branches])
   return tuple(float(costs[branches.index(k)]) for k in ks)

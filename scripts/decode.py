@@ -183,11 +183,13 @@ def main(argv=None):
       return decode_config(args.max_draft_tokens, schedule=js.Heuristic(), **early)
     if k == 'auto':
       _say(f'measuring round costs for K = 0..{args.max_draft_tokens} on this batch')
+      start = time.perf_counter()
       model = js.measured_cost_model(params, draft_params, tokens, lengths, keys, target=target,
                                      draft=draft, config=decode_config(args.max_draft_tokens))
       _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
                                           for kk, c in zip(model.ks, model.round_seconds)) +
-           f'; K that can pay: {", ".join(map(str, model.paying()))}')
+           f'; K that can pay: {", ".join(map(str, model.paying()))} (measured in '
+           f'{time.perf_counter() - start:.0f} s)')
       return decode_config(args.max_draft_tokens, schedule=model, **early)
     return decode_config(k, **early)
 
