@@ -104,19 +104,27 @@ def timed(fn, *args, reps: int = 5) -> float:
   return min(times)
 
 
-def timed_together(jobs: dict, reps: int = 5) -> dict:
-  """Seconds per call of each `name: (fn, args)`, interleaved: every rep runs every job once, so
-  load bursts on a shared machine hit all of them alike; the best of `reps` is kept (after one
-  warm-up call each)."""
+def timed_sweeps(jobs: dict, reps: int = 5, seed: int = 0) -> dict:
+  """Wall seconds of every call of each `name: (fn, args)`, `{name: [reps] floats}`, in sweeps:
+  each sweep calls every job once, in an order shuffled per sweep (numpy generator of `seed`), so
+  load bursts on a shared machine hit all of them alike; after one warm-up call each."""
   for fn, args in jobs.values():
     jax.block_until_ready(fn(*args))
-  best = dict.fromkeys(jobs, float('inf'))
+  names, order = list(jobs), np.random.default_rng(seed)
+  times = {name: [] for name in names}
   for _ in range(reps):
-    for name, (fn, args) in jobs.items():
+    for i in order.permutation(len(names)):
+      fn, args = jobs[names[i]]
       t0 = time.perf_counter()
       jax.block_until_ready(fn(*args))
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return best
+      times[names[i]].append(time.perf_counter() - t0)
+  return times
+
+
+def timed_together(jobs: dict, reps: int = 5) -> dict:
+  """Seconds per call of each `name: (fn, args)`, the best of `reps` calls timed in sweeps
+  (`timed_sweeps`)."""
+  return {name: min(t) for name, t in timed_sweeps(jobs, reps).items()}
 
 
 def timed_donated(fn, state, *args, reps: int = 7):

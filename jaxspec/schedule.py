@@ -294,10 +294,13 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
   as auto's choice is), so the price includes what the schedule's switch and a
   deterministic draft's plain-round check cost (a drafting round under the switch cost 1-2% more
   than in a fixed-K loop with EAGLE at batch 1, docs/adaptive.md run 28). The Ks are timed in
-  turn, `repeats` times after one warm-up (so a burst of load on a shared machine hits them
-  alike), and the best time is kept; a K's cost is then raised to the largest cost of the
-  smaller Ks (a round with more drafted tokens does strictly more work, so a lower time is
-  noise).
+  `repeats` sweeps after one warm-up (`bench.timed_sweeps`: every K once a sweep, in shuffled
+  order, so a burst of load on a shared machine hits them alike) and a K's cost is its mean over
+  the sweeps: a best time keeps one lucky call per K, and the ratios between Ks, which are all
+  the choice uses, then carry two draws of luck (at batch 16 in docs/adaptive.md run 30 the best
+  times priced a K = 1 round at 1.16 plain ones, where the loop ran it at ~1.5). A K's cost is
+  then raised to the largest cost of the smaller Ks (a round with more drafted tokens does
+  strictly more work, so a lower time is noise).
 
   Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size).
   Returns:
@@ -317,8 +320,8 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
   run = bench.round_loop(statics, rounds, loop.decode_step)  # one program for every K
   jobs = {k: (run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
                     draft_params)) for i, k in enumerate(branches)}
-  seconds = bench.timed_together(jobs, reps=repeats)
-  costs = np.maximum.accumulate([seconds[k] / rounds for k in branches])
+  seconds = bench.timed_sweeps(jobs, reps=repeats)
+  costs = np.maximum.accumulate([np.mean(seconds[k]) / rounds for k in branches])
   return tuple(float(costs[branches.index(k)]) for k in ks)
 
 
