@@ -298,7 +298,8 @@ def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengt
   order, so a burst of load on a shared machine hits them alike) and a K's cost is its mean over
   the sweeps: a best time keeps one lucky call per K, and the ratios between Ks, which are all
   the choice uses, then carry two draws of luck (at batch 16 in docs/adaptive.md run 30 the best
-  times priced a K = 1 round at 1.16 plain ones, where the loop ran it at ~1.5). A K's cost is
+  times priced a K = 1 round at 1.16 plain ones, where the loop ran it at ~1.5; the mean, in run
+  31, at 1.09-1.37 where the loop ran it at ~1.3, so it still reads low there). A K's cost is
   then raised to the largest cost of the smaller Ks (a round with more drafted tokens does
   strictly more work, so a lower time is noise).
 

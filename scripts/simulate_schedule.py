@@ -11,7 +11,7 @@ cost over plain decoding's. Each run starts from the schedule's initial state, a
       --round-ms 35.9,47.3,57.2,69.5,82.9      # the trained exit draft's costs, docs/adaptive.md
   .venv/bin/python scripts/simulate_schedule.py --acceptance 0.1,0.1,0.1,0.1 \\
       --round-ms 1,1.19,1.3,1.32,1.35 --prior-weights 1,2   # two settings side by side
-  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.19,0.15,0.1,0.1 \
+  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.19,0.15,0.1,0.1 \\
       --round-ms 18.5,20.7,24,27,30 --decays 0.3,0.1,0.02   # how fast the counts forget
 """
 
@@ -61,8 +61,8 @@ def main(argv=None):
   schedules = {'heuristic': js.Heuristic()}
   for w in args.prior_weights or [None]:
     for d in args.decays or [None]:
-      settings = {k: v for k, v in (('prior_weight', w), ('decay', d)) if v is not None}
-      name = 'auto' + (f' ({", ".join(f"{k} {v:g}" for k, v in settings.items())})'
+      settings = {key: v for key, v in (('prior_weight', w), ('decay', d)) if v is not None}
+      name = 'auto' + (f' ({", ".join(f"{key} {v:g}" for key, v in settings.items())})'
                        if settings else '')
       schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
                                      **settings)
