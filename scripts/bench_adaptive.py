@@ -18,9 +18,11 @@ whose last column and line say which cells meet issue 12's bars.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
   # issue 12's whole figure in one run: the batch-1 grid, and batch 16 and 32 on chat at T = 0
-  .venv/bin/python scripts/bench_adaptive.py --num-prompts 3 --max-new-tokens 48 \
-      --num-draft-tokens 1,4 --batch-sizes 1,16,32 --batch-cells chat:0 \
-      --batch-num-draft-tokens 1 --no-heuristic --repeats 8
+  # (more sweeps at batch > 1: one auto cell, the same rounds by K, read x1.09 and x0.89 of
+  # plain in two runs, docs/adaptive.md runs 31-32)
+  .venv/bin/python scripts/bench_adaptive.py --num-prompts 5 --max-new-tokens 48 \\
+      --num-draft-tokens 1,4 --batch-sizes 1,16,32 --batch-cells chat:0 \\
+      --batch-num-draft-tokens 1 --no-heuristic --repeats 4 --batch-repeats 12
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def _parse(argv=None):
                  help="time transformers' heuristic schedule at batch 1 (default: on)")
   p.add_argument('--repeats', type=cli.positive_int, default=2,
                  help='timed sweeps over the methods (tok/s: the best; x: all of them; default 2)')
+  p.add_argument('--batch-repeats', type=cli.positive_int, default=None,
+                 help='timed sweeps at batch sizes > 1, whose cells are noisier here (default: '
+                 '--repeats)')
   p.add_argument('--seed', type=int, default=0, help='PRNG seed of the sampled runs (default 0)')
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
   p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'),
@@ -77,6 +82,7 @@ def _parse(argv=None):
     args.drafts, args.num_prompts, args.max_new_tokens = ['ngram'], 2, 32
   args.num_prompts = args.num_prompts or 4
   args.batch_num_draft_tokens = args.batch_num_draft_tokens or args.num_draft_tokens
+  args.batch_repeats = args.batch_repeats or args.repeats
   for flag in ('num_draft_tokens', 'batch_num_draft_tokens'):
     if not all(k <= args.max_draft_tokens for k in getattr(args, flag)):
       p.error(f'--{flag.replace("_", "-")} must lie in [1, --max-draft-tokens='
@@ -156,7 +162,7 @@ def main():
           methods[f'{name} auto'] = (draft, dp, decode_config(args.max_draft_tokens, sampling,
                                                               schedule=model))
         runs = bench_rounds.time_methods(target_params, batches, methods, target=target,
-                                         repeats=args.repeats)
+                                         repeats=args.repeats if b == 1 else args.batch_repeats)
         plain = runs['plain']
         for method, r in runs.items():
           draft_name, _, how = ('plain', '', method) if method.startswith('plain') else (

@@ -8,7 +8,7 @@ branches stay compiled and K = 1 always wins). Prints each method's best wall ms
 over plain two ways: by best times and over all sweeps (`bench_rounds.sweep_speedup`, ± its
 standard error).
 
-  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit] \
+  .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--draft drafts/smollm2_exit] \\
       [--temperature 1]
 """
 

@@ -11,7 +11,7 @@ from other jobs on a shared machine hits all of them alike):
      position, argmax fed back) at batch B, tokens/s and the ratio to batch 1, both paths.
 Each timed job is a `lax.fori_loop` of --iters forwards inside one jit (no dispatch in the time).
 
-  .venv/bin/python scripts/bench_verify_cost.py --position 200 --widths 1,2,3,5,9,16 \
+  .venv/bin/python scripts/bench_verify_cost.py --position 200 --widths 1,2,3,5,9,16 \\
       --batch-sizes 1,16 --repeats 7
 """
 

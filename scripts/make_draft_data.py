@@ -13,7 +13,7 @@ concatenated), `offsets` [R+1], `prompt_lengths` [R], `teacher_ids` / `teacher_l
 (position i predicts token i+1 of its row), `sampled` [R] bool.
 
   .venv/bin/python scripts/make_draft_data.py            # 41 min on a shared 2-core CPU
-  .venv/bin/python scripts/make_draft_data.py --skip-greedy --sampled-fraction 2 --seed 1 \
+  .venv/bin/python scripts/make_draft_data.py --skip-greedy --sampled-fraction 2 --seed 1 \\
       --out runs/draft_data_2.npz                         # more: two sampled answers a prompt
 """
 
