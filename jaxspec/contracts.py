@@ -240,5 +240,7 @@ class Schedule(Protocol):
     """active `[B]` bool (rows still decoding), ready `[B]` bool (rows the draft will propose
     for, `Draft.ready`) -> int32 scalar, an index into `branches`."""
 
-  def update(self, state: Any, before: Any, after: Any, active: jax.Array) -> Any:
-    """The state after a round, from the `jaxspec.metrics.Metrics` before and after it."""
+  def update(self, state: Any, before: Any, after: Any, active: jax.Array,
+             ready: jax.Array) -> Any:
+    """The state after a round, from the `jaxspec.metrics.Metrics` before and after it, and the
+    round's active and ready rows (as `choose` saw them)."""

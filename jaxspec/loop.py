@@ -374,7 +374,7 @@ def decode_step(state: DecodeState, target_params, draft_params, *, target: Mode
     checked = (jnp.asarray(ks)[index] == 0) & active & ready & (new.lengths > state.lengths)
     new = dataclasses.replace(new, metrics=new.metrics.check_plain(checked, committed == first))
   return dataclasses.replace(new, schedule=schedule.update(state.schedule, state.metrics,
-                                                           new.metrics, ~state.done))
+                                                           new.metrics, active, ready))
 
 
 def _switch_in_place(index, branches, state, *args):

@@ -4,9 +4,12 @@
   2 after a round whose drafted tokens were all accepted, and shrinks by 1 otherwise.
 - `CostModel` keeps on-device, discounted (exponentially weighted) acceptance counts per row
   and drafted position, pooled for the batch, and picks the K (0, a plain step, included) with
-  the most expected tokens per second: the sum over active rows of
-  E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i} (Leviathan et al. 2023, Eq. 1, with per-position
-  rates), divided by the measured cost of a K-round (`measure_round_costs`). Where speculation
+  the most expected tokens per second: E_b(K) = 1 + sum_{j<=K} prod_{i<j} alpha_{b,i}
+  (Leviathan et al. 2023, Eq. 1, with per-position rates; 1 for a row the draft is not ready
+  for) divided by the measured cost of a K-round (`measure_round_costs`). At batch > 1 with a
+  known horizon (max_new_tokens) the rows' E_b(K) are averaged with weights on the rows that
+  will finish last, since the batch's loop lasts as long as its longest row (tokens gained by a
+  row that finishes early save no time); without one, over all active rows. Where speculation
   does not pay (a slow draft, a large batch) it picks 0; a K whose round costs K + 1 plain ones
   or more can never pay and is not compiled, and with no K left the loop runs plain decoding's
   own round (the draft is never called). Rates change only in rounds that draft
@@ -62,7 +65,8 @@ class Heuristic:
     del active, ready
     return state - 1
 
-  def update(self, state, before: Metrics, after: Metrics, active):
+  def update(self, state, before: Metrics, after: Metrics, active, ready):
+    del ready
     all_accepted = jnp.all(~active | (after.accepted - before.accepted ==
                                       after.drafted - before.drafted))
     k_max = before.position_reached.shape[1]
@@ -75,12 +79,16 @@ class CostModelState:
   """Discounted counts per row and drafted position i (`[B,K]` float32): reached (token i was
   examined: drafted, every token before it accepted; or, for i = 0, checked in a plain round)
   and accepted; plain_rounds, an int32 scalar: rounds in a row that observed nothing; rounds,
-  an int32 scalar: rounds so far."""
+  an int32 scalar: rounds so far; committed, `[B]` float32: tokens each row has committed;
+  ready_share, `[B]` float32: each row's discounted share of rounds the draft was ready for it
+  (`Draft.ready`; 1 before the first round)."""
 
   reached: jax.Array
   accepted: jax.Array
   plain_rounds: jax.Array
   rounds: jax.Array
+  committed: jax.Array
+  ready_share: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +110,16 @@ class CostModel:
   drafted token, a round drafts at most the smallest K > 0 (learning the rate costs short
   rounds, never a long window drafted on a guess), and none if even the prior says drafting
   does not pay.
+
+  At batch > 1 the batch's loop runs until its slowest row is done, so tokens matter by the row
+  they go to. With a `horizon`, a row b needs about rounds_b(K) = (horizon - committed_b) /
+  L_b(K) more rounds at a fixed K, where L_b(K) = s_b E_b(K) + 1 - s_b is its long-run tokens
+  per round (s_b its share of rounds the draft was ready for it), and a round's expected tokens
+  are averaged over active rows with weights exp((rounds_b(K) - max_b rounds_b(K)) /
+  `finish_spread`): the rows that finish last decide. Summing over rows instead drafted in
+  rounds that could not shorten the batch: at batch 16 on the CPU a fixed K = 1 cut the loop by
+  2-12% where the rows' acceptance promised 19-24%, and `auto` read x0.88-0.98 of plain
+  (docs/adaptive.md run 33). At batch 1 the weight is 1: the rule is the one above.
 
   Attributes:
     ks: the K values compiled, ascending (0 = a plain step).
@@ -132,10 +150,14 @@ class CostModel:
       to use what it finds: one due later is skipped (at batch 32 on the CPU a K = 1 round costs
       1.9 plain ones, a probe every 44 rounds, and in a 48-token decode the one probe came with
       4 rounds left and cost ~2.5% of the decode; docs/adaptive.md run 22).
-      `measured_cost_model` sets it from the config.
+      `measured_cost_model` sets it from the config. Without one, rows weigh alike.
+    finish_spread: in rounds, > 0: how far (in expected rounds still to run) a row may be from
+      the slowest before its tokens count e times less; rows that tie weigh alike, so the
+      choice never waits on one row the draft happens not to be ready for.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
-      costs, or prior, decay, prior_weight, probe_every, probe_budget out of range.
+      costs, or prior, decay, prior_weight, probe_every, probe_budget, horizon, finish_spread
+      out of range.
   """
 
   ks: tuple[int, ...]
@@ -146,6 +168,7 @@ class CostModel:
   probe_every: int | None = None
   probe_budget: float = 0.02
   horizon: int | None = None
+  finish_spread: float = 1.0
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -157,11 +180,12 @@ class CostModel:
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
             (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0 and
-            (self.horizon is None or self.horizon >= 1)):
+            (self.horizon is None or self.horizon >= 1) and self.finish_spread > 0):
       raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
-                       f'None or >= 0, probe_budget > 0, horizon None or >= 1; got {self.prior}, '
-                       f'{self.decay}, {self.prior_weight}, {self.probe_every}, '
-                       f'{self.probe_budget}, {self.horizon}')
+                       f'None or >= 0, probe_budget > 0, horizon None or >= 1, finish_spread > 0; '
+                       f'got {self.prior}, {self.decay}, {self.prior_weight}, '
+                       f'{self.probe_every}, {self.probe_budget}, {self.horizon}, '
+                       f'{self.finish_spread}')
 
   def paying(self) -> tuple[int, ...]:
     """The Ks of `ks` a round may run (ascending): K = 0 and every K > 0 whose round costs less
@@ -196,7 +220,9 @@ class CostModel:
 
   def init(self, batch_size: int, max_draft_tokens: int) -> CostModelState:
     zeros = jnp.zeros((batch_size, max_draft_tokens), jnp.float32)
-    return CostModelState(zeros, zeros, jnp.int32(0), jnp.int32(0))
+    return CostModelState(zeros, zeros, jnp.int32(0), jnp.int32(0),
+                          jnp.zeros((batch_size,), jnp.float32),
+                          jnp.ones((batch_size,), jnp.float32))
 
   def rates(self, state: CostModelState, active) -> tuple[jax.Array, jax.Array]:
     """(per-row rates `[B,K]`, the batch's rates `[K]`) float32, from active rows' counts. The
@@ -217,22 +243,46 @@ class CostModel:
       batch.append(previous)
     return jnp.stack(rows, 1), jnp.stack(batch)
 
+  def row_tokens(self, state: CostModelState, active) -> jax.Array:
+    """E_b(K): the tokens one round is expected to commit for each row the draft is ready for,
+    at each K of `ks` (Leviathan et al. 2023, Eq. 1, with the row's per-position rates):
+    `[B, len(ks)]` float32."""
+    reach = jnp.cumprod(self.rates(state, active)[0], axis=1)  # P(token i and all before accepted)
+    per_k = 1 + jnp.pad(jnp.cumsum(reach, axis=1), ((0, 0), (1, 0)))  # [B, K+1], E at K = 0..
+    return per_k[:, np.array(self.ks)]
+
   def expected_tokens(self, state: CostModelState, active, ready=None) -> jax.Array:
     """Expected tokens committed by one round at each K of `ks`, summed over active rows:
     `[len(ks)]` float32. A row the draft is not ready for (`ready [B]` bool; default all)
     commits one token at every K."""
     ready = active if ready is None else active & ready
-    reach = jnp.cumprod(self.rates(state, active)[0], axis=1)  # P(token i and all before accepted)
-    per_k = 1 + jnp.pad(jnp.cumsum(reach, axis=1), ((0, 0), (1, 0)))  # [B, K+1], E at K = 0..
-    per_k = jnp.where(ready[:, None], per_k[:, np.array(self.ks)], 1.0)
+    per_k = jnp.where(ready[:, None], self.row_tokens(state, active), 1.0)
     return jnp.sum(jnp.where(active[:, None], per_k, 0.0), axis=0)
 
+  def finish_weights(self, state: CostModelState, active) -> jax.Array:
+    """How much each row's tokens count at each K of `ks`: `[B, len(ks)]` float32 in [0, 1],
+    exp((rounds_b(K) - max over active rows) / finish_spread) with rounds_b(K) = (horizon -
+    committed_b) / (s_b E_b(K) + 1 - s_b) (see the class); 0 for inactive rows; 1 for every
+    active row without a horizon."""
+    if self.horizon is None:
+      return jnp.broadcast_to(active[:, None], (active.shape[0], len(self.ks))).astype(jnp.float32)
+    share = state.ready_share[:, None]
+    long_run = share * self.row_tokens(state, active) + 1 - share
+    remaining = jnp.maximum(self.horizon - state.committed, 1.0)[:, None]
+    rounds = jnp.where(active[:, None], remaining / long_run, -jnp.inf)
+    slowest = jnp.max(rounds, axis=0)
+    slowest = jnp.where(jnp.isfinite(slowest), slowest, 0.0)  # no active row: every weight 0
+    return jnp.exp((rounds - slowest) / self.finish_spread)
+
   def choose(self, state: CostModelState, active, ready):
-    """The index into `branches` (`paying()`) of this round's K."""
+    """The index into `branches` (`paying()`) of this round's K: the most expected tokens per
+    second, tokens averaged over rows with `finish_weights`."""
     ks = self.paying()
     kept = np.array([self.ks.index(k) for k in ks])
-    rate = (self.expected_tokens(state, active, ready)[kept] /
-            jnp.asarray(self.round_seconds, jnp.float32)[kept])
+    per_k = jnp.where((active & ready)[:, None], self.row_tokens(state, active), 1.0)[:, kept]
+    weights = self.finish_weights(state, active)[:, kept]
+    tokens = jnp.sum(weights * per_k, axis=0) / jnp.maximum(jnp.sum(weights, axis=0), 1e-30)
+    rate = tokens / jnp.asarray(self.round_seconds, jnp.float32)[kept]
     index = jnp.argmax(rate).astype(jnp.int32)
     positive = [i for i, k in enumerate(ks) if k > 0]
     if positive:
@@ -248,15 +298,17 @@ class CostModel:
         index = jnp.where(probe, positive[0], index)
     return index.astype(jnp.int32)
 
-  def update(self, state: CostModelState, before: Metrics, after: Metrics, active):
+  def update(self, state: CostModelState, before: Metrics, after: Metrics, active, ready):
     reached, accepted = _round_outcome(before, after)
     seen, keep = reached > 0, 1 - self.decay
     drafted = jnp.any((after.drafted > before.drafted) |
                       (after.plain_checked > before.plain_checked))  # observed something
+    share = keep * state.ready_share + self.decay * ready.astype(jnp.float32)
     return CostModelState(jnp.where(seen, keep * state.reached + 1, state.reached),
                           jnp.where(seen, keep * state.accepted + accepted, state.accepted),
                           jnp.where(drafted, 0, state.plain_rounds + 1).astype(jnp.int32),
-                          state.rounds + 1)
+                          state.rounds + 1, after.new_tokens.astype(jnp.float32),
+                          jnp.where(active, share, state.ready_share))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +331,8 @@ class _Forced:
     del active, ready
     return state
 
-  def update(self, state, before, after, active):
-    del before, after, active
+  def update(self, state, before, after, active, ready):
+    del before, after, active, ready
     return state
 
 

@@ -72,7 +72,7 @@ def simulate(schedule, acceptance, round_seconds, *, num_rounds: int, num_runs: 
       return run
 
     after, committed = jax.lax.switch(index, [at(k) for k in branches], metrics)
-    state = schedule.update(state, metrics, after, active)
+    state = schedule.update(state, metrics, after, active, active)
     return (state, after, cost + branch_costs[index], tokens + committed), None
 
   @jax.jit
@@ -109,8 +109,8 @@ class Fixed:
     del active, ready
     return state
 
-  def update(self, state, before, after, active):
-    del before, after, active
+  def update(self, state, before, after, active, ready):
+    del before, after, active, ready
     return state
 
 
@@ -196,7 +196,7 @@ def replay(schedule, ready, leading, num_new, round_seconds, *, plain_checks: bo
         return run
 
       after, committed = jax.lax.switch(index, [at(k) for k in branches], metrics)
-      state = schedule.update(state, metrics, after, active)
+      state = schedule.update(state, metrics, after, active, row_ready)
       return state, after, t + committed, cost + branch_costs[index]
 
     carry = (schedule.init(1, k_max), Metrics.zeros(1, k_max), jnp.int32(0), jnp.float32(0))

@@ -38,7 +38,7 @@ class Cycle:
   def choose(self, state, active, ready):
     return jnp.asarray(self.ks, jnp.int32)[state % len(self.ks)]
 
-  def update(self, state, before, after, active):
+  def update(self, state, before, after, active, ready):
     return state + 1
 
 
@@ -129,13 +129,19 @@ T1, T14K3 = js.SamplingConfig(temperature=1.0), js.SamplingConfig(temperature=1.
 
 @pytest.mark.parametrize('sampling, setting, verifier', [
     (T1, 'cost_model', js.Exact()), (T1, 'heuristic', js.Exact()), (T1, 'early_stop', js.Exact()),
-    (T1, 'cost_model', js.Coupled()), (T14K3, 'early_stop', js.Exact())],
+    (T1, 'cost_model', js.Coupled()), (T1, 'with_horizon', js.Exact()),
+    (T14K3, 'early_stop', js.Exact())],
     ids=lambda x: x if isinstance(x, str) else (f'T{x.temperature}k{x.top_k}' if isinstance(
         x, js.SamplingConfig) else type(x).__name__))
 def test_sampling_stays_exact(sampling, setting, verifier):
   config = {'cost_model': dict(schedule=js.CostModel(ks=(0, 1, 2, 3),
                                                      round_seconds=(1.0, 1.3, 1.5, 1.7),
                                                      prior=0.9, decay=1.0, probe_every=1)),
+            # rows weighed by the tokens they have left (finish_weights)
+            'with_horizon': dict(schedule=js.CostModel(ks=(0, 1, 2, 3),
+                                                       round_seconds=(1.0, 1.3, 1.5, 1.7),
+                                                       prior=0.9, decay=1.0, probe_every=1,
+                                                       horizon=NUM_TOKENS, finish_spread=0.5)),
             'heuristic': dict(schedule=js.Heuristic(initial=3)),
             'early_stop': dict(min_draft_confidence=0.6)}[setting]
   rows, summary = _sample_rows(sampling, verifier, **config)
@@ -202,10 +208,10 @@ def test_cost_model_rule():
   assert int(model.choose(seen, active, active)) == 2
   only_first = jnp.array([True, False])
   assert int(model.choose(seen, only_first, only_first)) == 1  # only an inactive row has seen
-  state = model.update(state, *_metrics([4, 2], [1, 2]), active)  # row 0 rejects its 2nd token
+  state = model.update(state, *_metrics([4, 2], [1, 2]), active, active)  # row 0 rejects its 2nd token
   np.testing.assert_allclose(state.reached, [[1, 1, 0, 0], [1, 1, 0, 0]])
   np.testing.assert_allclose(state.accepted, [[1, 0, 0, 0], [1, 1, 0, 0]])
-  state = model.update(state, *_metrics([1, 1], [1, 0]), active)
+  state = model.update(state, *_metrics([1, 1], [1, 0]), active, active)
   np.testing.assert_allclose(state.reached, [[1.5, 1, 0, 0], [1.5, 1, 0, 0]])
   np.testing.assert_allclose(state.accepted, [[1.5, 0, 0, 0], [0.5, 1, 0, 0]])
   for mask in ([True, True], [True, False]):
@@ -217,7 +223,7 @@ def test_cost_model_rule():
     np.testing.assert_allclose(model.expected_tokens(state, jnp.array(mask)), e, rtol=1e-6)
     assert int(model.choose(state, jnp.array(mask), jnp.array(mask))) == int(
         np.argmax(np.array(e) / model.round_seconds))
-  plain = model.update(state, *_metrics([0, 0], [0, 0]), active)
+  plain = model.update(state, *_metrics([0, 0], [0, 0]), active, active)
   assert int(plain.plain_rounds) == 1 and np.array_equal(plain.reached, state.reached)
   bad = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.9), probe_every=2)
   off = bad.init(2, 1)
@@ -233,7 +239,7 @@ def test_cost_model_rule():
                                            rounds=jnp.int32(rounds))
   assert int(near.choose(due(6), active, active)) == 1
   assert int(near.choose(due(7), active, active)) == 0
-  assert int(near.update(due(6), *_metrics([0, 0], [0, 0]), active).rounds) == 7
+  assert int(near.update(due(6), *_metrics([0, 0], [0, 0]), active, active).rounds) == 7
 
 
 def test_probe_interval_follows_the_costs():
@@ -261,7 +267,7 @@ def test_probe_interval_follows_the_costs():
     for _ in range(rounds):
       k = int(model.choose(state, active, active))
       ks.append(k)
-      state = model.update(state, *_metrics([k, k], [k * accept] * 2), active)
+      state = model.update(state, *_metrics([k, k], [k * accept] * 2), active, active)
     return ks
 
   never = run(24, accept=0)
@@ -374,6 +380,73 @@ def test_schedule_that_cannot_pay_compiles_plain_decodings_program():
   assert same(drafting) != same(plain)  # the comparison sees a draft compiled in
 
 
+def test_cost_model_weighs_the_rows_that_finish_last():
+  """With a horizon, a round's tokens are averaged over rows with weights exp((rounds_b -
+  max rounds) / finish_spread), rounds_b = (horizon - committed_b) / (s_b E_b(K) + 1 - s_b):
+  the choice is the argmax of that average over the round's cost (checked against a NumPy
+  reference on random states); a row that will finish last decides alone, a row far ahead
+  does not count, and at batch 1 the choice is the one without a horizon."""
+  model = js.CostModel(ks=(0, 1, 2, 4), round_seconds=(1.0, 1.3, 1.5, 1.9), horizon=48,
+                       finish_spread=1.5)
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    b = int(rng.integers(1, 5))
+    reached = rng.uniform(0.5, 5, (b, 4)).astype(np.float32)
+    state = dataclasses.replace(
+        model.init(b, 4), reached=jnp.asarray(reached),
+        accepted=jnp.asarray(reached * rng.uniform(0, 1, (b, 4)), jnp.float32),
+        committed=jnp.asarray(rng.integers(0, 48, b), jnp.float32),
+        ready_share=jnp.asarray(rng.uniform(0, 1, b), jnp.float32))
+    active, ready = rng.uniform(size=b) < 0.8, rng.uniform(size=b) < 0.7
+    active[0] = True
+    alpha = _rates_reference(model, np.asarray(state.reached), np.asarray(state.accepted), active)
+    e = np.array([[1 + sum(np.prod(a[:j + 1]) for j in range(k)) for k in model.ks]
+                  for a in alpha])  # [B, K]
+    share = np.asarray(state.ready_share)[:, None]
+    rounds = (48 - np.asarray(state.committed))[:, None] / (share * e + 1 - share)
+    weights = np.exp((rounds - rounds[active].max(0)) / 1.5) * active[:, None]
+    now = np.where((active & ready)[:, None], e, 1.0)
+    rate = (weights * now).sum(0) / weights.sum(0) / np.array(model.round_seconds)
+    np.testing.assert_allclose(model.finish_weights(state, jnp.asarray(active)),
+                               np.where(active[:, None], weights, 0), rtol=1e-4, atol=1e-6)
+    assert int(model.choose(state, jnp.asarray(active), jnp.asarray(ready))) == np.argmax(rate)
+    if b == 1:
+      summed = dataclasses.replace(model, horizon=None)
+      assert int(model.choose(state, jnp.asarray(active), jnp.asarray(ready))) == int(
+          summed.choose(state, jnp.asarray(active), jnp.asarray(ready)))
+  # Row 0 accepts 0.9 of its drafts, row 1 none. Summed over rows, K = 4 pays; with the same
+  # tokens left, row 1 finishes last and decides: plain. Once row 1 is 40 tokens ahead (8 left
+  # against row 0's 48 at ~4.1 a round), row 0 decides: K = 4.
+  two, both = model.init(2, 4), jnp.array([True, True])
+  two = dataclasses.replace(two, reached=jnp.full((2, 4), 50.0),
+                            accepted=jnp.array([[45.0] * 4, [0.0] * 4]))
+  assert int(dataclasses.replace(model, horizon=None).choose(two, both, both)) == 3
+  assert int(model.choose(two, both, both)) == 0
+  ahead = dataclasses.replace(two, committed=jnp.array([0.0, 40.0]))
+  assert int(model.choose(ahead, both, both)) == 3
+  # Two rows alike, the draft ready for one this round: they tie, so they weigh alike and the
+  # ready row's tokens still count (half): K = 4 pays.
+  alike = dataclasses.replace(two, accepted=jnp.full((2, 4), 45.0))
+  assert int(model.choose(alike, both, jnp.array([True, False]))) == 3
+  # A row the draft is seldom ready for finishes last (its long-run tokens a round are few).
+  seldom = dataclasses.replace(alike, ready_share=jnp.array([1.0, 0.05]))
+  assert int(model.choose(seldom, both, jnp.array([True, False]))) == 0
+
+
+def test_cost_model_tracks_committed_tokens_and_readiness():
+  """`update` keeps each row's committed tokens and its discounted share of rounds the draft
+  was ready for it (inactive rows keep theirs)."""
+  model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.5), decay=0.25)
+  active = jnp.array([True, True, False])
+  state = model.init(3, 4)
+  before, after = _metrics([2, 0, 0], [2, 0, 0])
+  state = model.update(state, before, after, active, jnp.array([True, False, False]))
+  np.testing.assert_array_equal(state.committed, [3.0, 1.0, 1.0])
+  np.testing.assert_allclose(state.ready_share, [1.0, 0.75, 1.0])
+  state = model.update(state, before, after, active, jnp.array([False, False, False]))
+  np.testing.assert_allclose(state.ready_share, [0.75, 0.5625, 1.0])
+
+
 def test_cost_model_counts_one_token_for_rows_not_ready():
   """A row the draft will not propose for (`Draft.ready` False) commits one token at every K,
   so a round where no row is ready is plain, and a ready row alone decides the K."""
@@ -397,11 +470,12 @@ def test_heuristic_rule():
   else -1, within [1, K_max]."""
   h, active = js.Heuristic(initial=1), jnp.array([True, True])
   assert int(h.init(2, 4)) == 1 and int(js.Heuristic().init(2, 4)) == 4
-  assert int(h.update(jnp.int32(1), *_metrics([1, 1], [1, 1]), active)) == 3
-  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 3]), active)) == 4
-  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), active)) == 2
-  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), jnp.array([True, False]))) == 4
-  assert int(h.update(jnp.int32(1), *_metrics([1, 1], [0, 0]), active)) == 1
+  assert int(h.update(jnp.int32(1), *_metrics([1, 1], [1, 1]), active, active)) == 3
+  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 3]), active, active)) == 4
+  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), active, active)) == 2
+  first = jnp.array([True, False])
+  assert int(h.update(jnp.int32(3), *_metrics([3, 3], [3, 2]), first, first)) == 4
+  assert int(h.update(jnp.int32(1), *_metrics([1, 1], [0, 0]), active, active)) == 1
   assert int(h.choose(jnp.int32(3), active, active)) == 2  # index of K = 3 in branches 1..4
 
 
@@ -494,7 +568,8 @@ def test_ngram_trace_and_replay(checks):
   for r in range(3):
     state, metrics, t = model.init(1, 4), js.Metrics.zeros(1, 4), 0
     while t < num_new[r]:
-      k = model.ks[int(model.choose(state, active, jnp.array([ready[r, t]])))]
+      row_ready = jnp.array([ready[r, t]])
+      k = model.ks[int(model.choose(state, active, row_ready))]
       drafted = min(k, num_new[r] - t - 1) if ready[r, t] else 0
       accepted = min(leading[r, t], drafted)
       committed = min(accepted + 1, num_new[r] - t)
@@ -502,7 +577,7 @@ def test_ngram_trace_and_replay(checks):
                              jnp.array([committed]), k)
       if k == 0 and checks:  # a plain round checks the draft's first token where it is ready
         after = after.check_plain(jnp.array([ready[r, t]]), jnp.array([leading[r, t] >= 1]))
-      state, metrics = model.update(state, metrics, after, active), after
+      state, metrics = model.update(state, metrics, after, active, row_ready), after
       t, cost_sum, rounds[k] = t + committed, cost_sum + costs[k], rounds[k] + 1
     tokens_sum += t
   out = simulate.replay(model, ready, leading, num_new, costs, plain_checks=checks)
@@ -521,11 +596,11 @@ def test_plain_round_check_counts_as_an_observation():
   plain = before.update(active, jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32),
                         jnp.ones(2, jnp.int32), 0)
   checked = plain.check_plain(jnp.array([True, True]), jnp.array([True, False]))
-  after = model.update(state, before, checked, active)
+  after = model.update(state, before, checked, active, active)
   np.testing.assert_array_equal(after.reached, [[1.0], [1.0]])
   np.testing.assert_array_equal(after.accepted, [[1.0], [0.0]])
   assert int(after.plain_rounds) == 0
-  unchecked = model.update(state, before, plain, active)
+  unchecked = model.update(state, before, plain, active, active)
   np.testing.assert_array_equal(unchecked.reached, [[0.0], [0.0]])
   assert int(unchecked.plain_rounds) == 3
   assert js.summarize(checked)['plain_checked'] == 2
