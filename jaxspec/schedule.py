@@ -259,15 +259,17 @@ class CostModel:
     per_k = jnp.where(ready[:, None], self.row_tokens(state, active), 1.0)
     return jnp.sum(jnp.where(active[:, None], per_k, 0.0), axis=0)
 
-  def finish_weights(self, state: CostModelState, active) -> jax.Array:
+  def finish_weights(self, state: CostModelState, active, row_tokens=None) -> jax.Array:
     """How much each row's tokens count at each K of `ks`: `[B, len(ks)]` float32 in [0, 1],
     exp((rounds_b(K) - max over active rows) / finish_spread) with rounds_b(K) = (horizon -
     committed_b) / (s_b E_b(K) + 1 - s_b) (see the class); 0 for inactive rows; 1 for every
-    active row without a horizon."""
+    active row without a horizon. `row_tokens`: E_b(K) if already computed (`row_tokens()`)."""
     if self.horizon is None:
       return jnp.broadcast_to(active[:, None], (active.shape[0], len(self.ks))).astype(jnp.float32)
+    if row_tokens is None:
+      row_tokens = self.row_tokens(state, active)
     share = state.ready_share[:, None]
-    long_run = share * self.row_tokens(state, active) + 1 - share
+    long_run = share * row_tokens + 1 - share
     remaining = jnp.maximum(self.horizon - state.committed, 1.0)[:, None]
     rounds = jnp.where(active[:, None], remaining / long_run, -jnp.inf)
     slowest = jnp.max(rounds, axis=0)
@@ -279,8 +281,9 @@ class CostModel:
     second, tokens averaged over rows with `finish_weights`."""
     ks = self.paying()
     kept = np.array([self.ks.index(k) for k in ks])
-    per_k = jnp.where((active & ready)[:, None], self.row_tokens(state, active), 1.0)[:, kept]
-    weights = self.finish_weights(state, active)[:, kept]
+    row_tokens = self.row_tokens(state, active)
+    per_k = jnp.where((active & ready)[:, None], row_tokens, 1.0)[:, kept]
+    weights = self.finish_weights(state, active, row_tokens)[:, kept]
     tokens = jnp.sum(weights * per_k, axis=0) / jnp.maximum(jnp.sum(weights, axis=0), 1e-30)
     rate = tokens / jnp.asarray(self.round_seconds, jnp.float32)[kept]
     index = jnp.argmax(rate).astype(jnp.int32)

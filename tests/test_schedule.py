@@ -208,7 +208,8 @@ def test_cost_model_rule():
   assert int(model.choose(seen, active, active)) == 2
   only_first = jnp.array([True, False])
   assert int(model.choose(seen, only_first, only_first)) == 1  # only an inactive row has seen
-  state = model.update(state, *_metrics([4, 2], [1, 2]), active, active)  # row 0 rejects its 2nd token
+  # Row 0 rejects its 2nd token.
+  state = model.update(state, *_metrics([4, 2], [1, 2]), active, active)
   np.testing.assert_allclose(state.reached, [[1, 1, 0, 0], [1, 1, 0, 0]])
   np.testing.assert_allclose(state.accepted, [[1, 0, 0, 0], [1, 1, 0, 0]])
   state = model.update(state, *_metrics([1, 1], [1, 0]), active, active)
