@@ -85,11 +85,14 @@ def forward_loop(model, batch: int, t: int, position: int, buffer_len: int, iter
 
 
 def round_loop(statics: dict, iters: int, step=speculative_step):
-  """A jitted `(state, target_params, draft_params) -> tokens [B,S]` running `iters` rounds of
-  `step` (`speculative_step`, or `jaxspec.loop.decode_step` for rounds under a schedule) in one
-  fori_loop; `statics` holds its `target`, `draft` and `config`."""
-  return jax.jit(lambda s, tp, dp: jax.lax.fori_loop(
-      0, iters, lambda _, s: step(s, tp, dp, **statics), s).tokens)
+  """A jitted `(state, target_params, draft_params) -> (tokens [B,S], metrics)` running `iters`
+  rounds of `step` (`speculative_step`, or `jaxspec.loop.decode_step` for rounds under a
+  schedule) in one fori_loop; `statics` holds its `target`, `draft` and `config`. The metrics
+  (`jaxspec.metrics.Metrics`) count what those rounds drafted and accepted."""
+  def run(s, tp, dp):
+    s = jax.lax.fori_loop(0, iters, lambda _, s: step(s, tp, dp, **statics), s)
+    return s.tokens, s.metrics
+  return jax.jit(run)
 
 
 def timed(fn, *args, reps: int = 5) -> float:
@@ -104,11 +107,12 @@ def timed(fn, *args, reps: int = 5) -> float:
   return min(times)
 
 
-def timed_sweeps(jobs: dict, reps: int = 5, seed: int = 0) -> dict:
+def timed_sweeps(jobs: dict, reps: int = 5, seed: int = 0, warm_up: bool = True) -> dict:
   """Wall seconds of every call of each `name: (fn, args)`, `{name: [reps] floats}`, in sweeps:
   each sweep calls every job once, in an order shuffled per sweep (numpy generator of `seed`), so
-  load bursts on a shared machine hit all of them alike; after one warm-up call each."""
-  for fn, args in jobs.values():
+  load bursts on a shared machine hit all of them alike; after one warm-up call each (skipped with
+  `warm_up=False`, for jobs the caller has already run once)."""
+  for fn, args in jobs.values() if warm_up else ():
     jax.block_until_ready(fn(*args))
   names, order = list(jobs), np.random.default_rng(seed)
   times = {name: [] for name in names}

@@ -188,7 +188,8 @@ def main(argv=None):
                                      draft=draft, config=decode_config(args.max_draft_tokens))
       _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
                                           for kk, c in zip(model.ks, model.round_seconds)) +
-           f'; K that can pay: {", ".join(map(str, model.paying()))} (measured in '
+           f'; K that can pay: {", ".join(map(str, model.paying()))}; first-position '
+           f'acceptance prior {model.prior:.2f} (measured in '
            f'{time.perf_counter() - start:.0f} s)')
       return decode_config(args.max_draft_tokens, schedule=model, **early)
     return decode_config(k, **early)

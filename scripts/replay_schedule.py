@@ -3,8 +3,8 @@
 Each prompt is decoded greedily (plain) once; after each generated token, what the n-gram draft
 would propose and how many of its tokens the greedy target would accept follow from the tokens
 alone (`jaxspec.simulate.ngram_trace`). Every fixed K and `auto` (`jaxspec.CostModel`, one per
---prior-weights, each without and with plain rounds' checks of the draft's first token, as the
-loop runs a `DeterministicDraft`) then decide round after round on those recorded bursts
+--priors and --prior-weights, each without and with plain rounds' checks of the draft's first
+token, as the loop runs a `DeterministicDraft`) then decide round after round on those recorded bursts
 (`jaxspec.simulate.replay`), each round charged --round-ms of its K. Ratios are tokens per unit
 of cost over plain decoding's; what they leave out is the clock's noise, and nothing else that
 temperature 0 and batch 1 decide. The default prompts are training prompts: a setting chosen on
@@ -17,6 +17,7 @@ this table is then measured on the evaluation prompts by `scripts/bench_adaptive
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 
@@ -41,6 +42,9 @@ def _parse(argv=None):
                  "the n-gram's at batch 1 measured by bench_adaptive.py)")
   p.add_argument('--prior-weights', type=cli.list_of(cli.nonnegative_float), default=[2.0],
                  help="comma-separated CostModel prior_weight values to replay (default 2)")
+  p.add_argument('--priors', type=cli.list_of(cli.nonnegative_float), default=[0.5],
+                 help='comma-separated CostModel prior values to replay, each with every '
+                 '--prior-weights (default 0.5; decode.py measures it at start-up)')
   p.add_argument('--ngram', default='ngram', help='the n-gram draft: ngram, ngram:N or ngram:N:M')
   args = p.parse_args(argv)
   args.num_prompts = args.num_prompts or 20
@@ -51,6 +55,8 @@ def _parse(argv=None):
               f'{args.round_ms}')
   if min(args.prior_weights) <= 0:
     p.error(f'--prior-weights must be > 0, got {args.prior_weights}')
+  if max(args.priors) > 1:
+    p.error(f'--priors must lie in [0, 1], got {args.priors}')
   try:
     name, ngram = loading.parse_draft_spec(args.ngram)
   except ValueError as e:
@@ -71,9 +77,10 @@ def main(argv=None):
   decode = js.DecodeConfig(num_draft_tokens=0, max_new_tokens=args.max_new_tokens,
                            sampling=js.SamplingConfig(temperature=0.0), eos_id=eos, pad_id=eos)
   print('| prompts | round ms, K = 0.. | ' + ' | '.join(f'K={k}' for k in range(1, k_max + 1))
-        + ' | ' + ' | '.join(f'auto (prior_weight {w:g}{c}), rounds by K' for w in
-                             args.prior_weights for c in (', no plain checks', '')) + ' |')
-  print('|---' * (2 + k_max + 2 * len(args.prior_weights)) + '|')
+        + ' | ' + ' | '.join(f'auto (prior {q:g}, prior_weight {w:g}{c}), rounds by K'
+                             for q in args.priors for w in args.prior_weights
+                             for c in (', no plain checks', '')) + ' |')
+  print('|---' * (2 + k_max + 2 * len(args.priors) * len(args.prior_weights)) + '|')
   for kind in args.prompt_kinds:
     ids = [tok.encode_chat(r['prompt']) for r in rows if r.get('kind') == kind][:args.num_prompts]
     if not ids:
@@ -95,8 +102,8 @@ def main(argv=None):
       fixed = [simulate.replay(simulate.Fixed(k), ready, leading, num_new, costs)
                for k in range(1, k_max + 1)]
       cells = [f'x{r["speedup"]:.3f}' for r in fixed]
-      for w in args.prior_weights:
-        model = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
+      for q, w in itertools.product(args.priors, args.prior_weights):
+        model = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs), prior=q,
                              prior_weight=w, horizon=args.max_new_tokens)
         for checks in (False, True):
           r = simulate.replay(model, ready, leading, num_new, costs, plain_checks=checks)

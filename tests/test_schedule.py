@@ -518,6 +518,41 @@ def test_measured_round_costs():
                            draft=js.NGramDraft(), config=config, ks=(0, 3))
 
 
+@pytest.mark.parametrize('draft, draft_params', [(js.NGramDraft(), None),
+                                                  (js.ModelDraft(TARGET), PARAMS)])
+def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params, monkeypatch):
+  """The measured prior is Laplace's rule on the first drafted position's counts in the
+  start-up rounds: each K's `rounds` rounds from the prefilled state, as a fixed-K decode runs
+  them (reference: `generate_steps`, its state after that many rounds); a given prior is kept;
+  bad settings raise before anything is measured."""
+  tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
+  config = js.DecodeConfig(num_draft_tokens=2, max_new_tokens=MAX_NEW, sampling=GREEDY)
+  seeds = np.zeros(len(lengths), int)
+  examined = accepted = 0
+  for k in (1, 2):
+    steps = js.generate_steps(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                              draft=draft, config=dataclasses.replace(config, num_draft_tokens=k))
+    for _, state in zip(range(8), steps):  # measure_round_costs' default rounds
+      metrics = jax.device_get(state.metrics)
+    examined += int(metrics.position_reached[:, 0].sum())
+    accepted += int(metrics.position_accepted[:, 0].sum())
+  assert examined > 0
+  model = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                                 draft=draft, config=config, ks=(1, 2))
+  np.testing.assert_allclose(model.prior, (accepted + 1) / (examined + 2), rtol=1e-6)
+  assert model.horizon == MAX_NEW
+  kept = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                                draft=draft, config=config, ks=(1, 2), prior=0.3, prior_weight=4.)
+  assert (kept.prior, kept.prior_weight) == (0.3, 4.)
+
+  def measured(*args, **kwargs):
+    raise AssertionError('measured before the settings were checked')
+  monkeypatch.setattr(js.schedule, '_measure_rounds', measured)
+  with pytest.raises(ValueError, match='prior_weight > 0'):
+    js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                           draft=draft, config=config, prior_weight=0.)
+
+
 @pytest.mark.parametrize('kwargs, message', [
     (dict(num_draft_tokens=0, schedule=js.Heuristic()), 'num_draft_tokens >= 1'),
     (dict(num_draft_tokens=2, schedule=js.CostModel(ks=(0, 4), round_seconds=(1., 2.))),
