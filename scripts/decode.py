@@ -204,7 +204,8 @@ def main(argv=None):
     compiled = js.compile_generate(params, dparams, tokens, lengths, keys, target=target,
                                    draft=draft_obj, config=dc)
     compile_s = time.perf_counter() - start
-    _say(f'decoding {len(prompts)} prompt(s), {args.max_new_tokens} new tokens at most')
+    _say(f'decoding {len(prompts)} prompt(s), {args.max_new_tokens} new tokens at most each '
+         '(an answer ends earlier at its EOS)')
     run(compiled, (params, dparams, tokens, lengths, keys))  # warm-up: first-call allocations
     out, run_s = run(compiled, (params, dparams, tokens, lengths, keys))
     summary = js.summarize(out.metrics)
