@@ -77,7 +77,15 @@ def _parse(argv=None):
   p.add_argument('--quick', action='store_true', help='n-gram only, 2 prompts a kind, 32 tokens')
   p.add_argument('--out', default=os.path.join(cli.ROOT, 'runs', 'adaptive'),
                  help='output directory for the tables and JSON (default runs/adaptive)')
+  p.add_argument('--render', action='store_true',
+                 help="rewrite --out's adaptive.md from its adaptive.json and print it (no model "
+                 'is loaded, nothing is timed)')
   args = p.parse_args(argv)
+  if args.render:
+    path = os.path.join(args.out, 'adaptive.json')
+    if not os.path.isfile(path):
+      p.error(f'--render: no {path}')
+    return args
   if args.quick:
     args.drafts, args.num_prompts, args.max_new_tokens = ['ngram'], 2, 32
   args.num_prompts = args.num_prompts or 4
@@ -124,6 +132,11 @@ def _batches(prompt_ids, batch_size, seed, pad_id):
 
 def main():
   args = _parse()
+  if args.render:
+    with open(os.path.join(args.out, 'adaptive.json'), encoding='utf-8') as f:
+      stored = json.load(f)
+    print(_write(argparse.Namespace(**stored['args']), stored['results']))
+    return
   config, target_params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)
   target, eos = loading.forward_for(config), tok.chat_eos_id
@@ -206,13 +219,14 @@ def _table(results):
   same ratios), auto's K per round (histogram over K = 0..), acceptance at K=1 and under auto,
   and greedy identity; 'plain again' (the same plain program timed again, x of the first) is the
   cell's noise, and '±' the standard error of the method's x plain over the sweeps
-  (`bench_rounds.sweep_speedup_error`). 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
+  (`bench_rounds.sweep_speedup_error`). 'auto priced' is `_priced`: the schedule's choices
+  without the clock's noise. 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
   >= 0.95 of the best fixed K; at batch > 1 `auto` >= 0.95 of the faster of plain and the best
   fixed K. A last line counts the cells that meet them."""
   methods = list(dict.fromkeys(r['method'] for r in results if r['draft'] != 'plain'))
   head = (['kind', 'B', 'T', 'draft', 'plain tok/s', 'plain again'] + methods +
           ['best fixed', 'auto / max(plain, best fixed)', 'auto rounds by K', 'accept K=1 / auto',
-           'Thm 3.8 best K (x predicted)', 'identical', 'bars'])
+           'Thm 3.8 best K (x predicted)', 'auto priced (x plain)', 'identical', 'bars'])
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   cells, met_cells = {}, []
   for r in results:
@@ -236,11 +250,23 @@ def _table(results):
       row += [best, f'{auto / ref:.2f} ±{by["auto"]["speedup_se"]:.2f}',
               str(by['auto']['rounds_by_k']),
               f'{by["K=1"]["acceptance"]:.2f} / {by["auto"]["acceptance"]:.2f}' if 'K=1' in by
-              else '-', _predicted(by), ('yes' if same else 'NO') if t == 0 else '-',
+              else '-', _predicted(by), _priced(by['auto'], plain, b),
+              ('yes' if same else 'NO') if t == 0 else '-',
               'yes' if met else 'NO']
       lines.append('| ' + ' | '.join(row) + ' |')
   lines.append(f'\nbars met in {sum(met_cells)} of {len(met_cells)} cells')
   return '\n'.join(lines) + '\n'
+
+
+def _priced(auto, plain, batch_size):
+  """At batch 1: what auto's choices cost at its own start-up prices, off the clock: plain's
+  rounds x round_ms[0] over the sum of auto's rounds at each K x round_ms[K] (each K's price
+  measured in the one program that compiles every K, so the switch's own cost is not in it).
+  '-' at batch > 1 (rounds_by_k counts row-rounds there)."""
+  if batch_size != 1 or 'round_ms' not in auto:
+    return '-'
+  cost = np.dot(auto['rounds_by_k'], auto['round_ms'][:len(auto['rounds_by_k'])])
+  return f'x{sum(plain["rounds_by_k"]) * auto["round_ms"][0] / cost:.3f}'
 
 
 def _predicted(by):
