@@ -135,7 +135,7 @@ def main():
   if args.render:
     with open(os.path.join(args.out, 'adaptive.json'), encoding='utf-8') as f:
       stored = json.load(f)
-    print(_write(argparse.Namespace(**stored['args']), stored['results']))
+    print(_write(argparse.Namespace(**{**stored['args'], 'out': args.out}), stored['results']))
     return
   config, target_params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)

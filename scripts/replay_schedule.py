@@ -4,10 +4,10 @@ Each prompt is decoded greedily (plain) once; after each generated token, what t
 would propose and how many of its tokens the greedy target would accept follow from the tokens
 alone (`jaxspec.simulate.ngram_trace`). Every fixed K and `auto` (`jaxspec.CostModel`, one per
 --priors and --prior-weights, each without and with plain rounds' checks of the draft's first
-token, as the loop runs a `DeterministicDraft`) then decide round after round on those recorded bursts
-(`jaxspec.simulate.replay`), each round charged --round-ms of its K. Ratios are tokens per unit
-of cost over plain decoding's; what they leave out is the clock's noise, and nothing else that
-temperature 0 and batch 1 decide. The default prompts are training prompts: a setting chosen on
+token, as the loop runs a `DeterministicDraft`) then decide round after round on those recorded
+bursts (`jaxspec.simulate.replay`), each round charged --round-ms of its K. Ratios are tokens
+per unit of cost over plain decoding's; what they leave out is the clock's noise, and nothing
+else that temperature 0 and batch 1 decide. The default prompts are training prompts: a setting chosen on
 this table is then measured on the evaluation prompts by `scripts/bench_adaptive.py`.
 
   .venv/bin/python scripts/replay_schedule.py --prompt-kinds grounded,chat --num-prompts 20 \\
