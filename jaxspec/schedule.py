@@ -389,9 +389,10 @@ def _measure_rounds(target_params, draft_params, prompt_tokens, prompt_lengths, 
                     draft_params)) for i, k in enumerate(branches)}
   examined = accepted = 0.0
   for fn, job_args in jobs.values():  # the warm-up: compiles once, and counts what was accepted
-    metrics = jax.device_get(fn(*job_args)[1])
-    examined += float(np.sum(metrics.position_reached[:, 0]) + np.sum(metrics.plain_checked))
-    accepted += float(np.sum(metrics.position_accepted[:, 0]) + np.sum(metrics.plain_matched))
+    metrics = fn(*job_args)[1]
+    reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
+    examined += float(jnp.sum(reached_BK[:, 0]))
+    accepted += float(jnp.sum(accepted_BK[:, 0]))
   seconds = bench.timed_sweeps(jobs, reps=repeats, warm_up=False)
   costs = np.maximum.accumulate([np.mean(seconds[k]) / rounds for k in branches])
   return tuple(float(costs[branches.index(k)]) for k in ks), examined, accepted

@@ -265,7 +265,7 @@ def _priced(auto, plain, batch_size):
   '-' at batch > 1 (rounds_by_k counts row-rounds there)."""
   if batch_size != 1 or 'round_ms' not in auto:
     return '-'
-  cost = np.dot(auto['rounds_by_k'], auto['round_ms'][:len(auto['rounds_by_k'])])
+  cost = np.dot(auto['rounds_by_k'], auto['round_ms'])
   return f'x{sum(plain["rounds_by_k"]) * auto["round_ms"][0] / cost:.3f}'
 
 

@@ -7,8 +7,8 @@ alone (`jaxspec.simulate.ngram_trace`). Every fixed K and `auto` (`jaxspec.CostM
 token, as the loop runs a `DeterministicDraft`) then decide round after round on those recorded
 bursts (`jaxspec.simulate.replay`), each round charged --round-ms of its K. Ratios are tokens
 per unit of cost over plain decoding's; what they leave out is the clock's noise, and nothing
-else that temperature 0 and batch 1 decide. The default prompts are training prompts: a setting chosen on
-this table is then measured on the evaluation prompts by `scripts/bench_adaptive.py`.
+else that temperature 0 and batch 1 decide. The default prompts are training prompts: a setting
+chosen on this table is then measured on the evaluation prompts by `scripts/bench_adaptive.py`.
 
   .venv/bin/python scripts/replay_schedule.py --prompt-kinds grounded,chat --num-prompts 20 \\
       --round-ms 22.0,26.1,28.5,29.0,29.6 --round-ms 19.4,25.6,28.0,28.8,29.6
