@@ -249,6 +249,22 @@ def sweep_speedup_error(run: dict, reference: dict) -> float:
   return float(np.std(ratios, ddof=1) / np.sqrt(ratios.size))
 
 
+def pooled_reference(copies: list[dict]) -> dict:
+  """One reference from several `time_methods` entries of one program timed as separate methods
+  (e.g. 'plain' and 'plain again'): their seconds per sweep averaged, sweep by sweep, and their
+  common tokens; for `sweep_speedup` and `sweep_speedup_error`. Every copy is a measurement of
+  the same speed, so their mean halves the reference's variance with two copies; the first
+  copy alone read 0.95-1.05 of the second in one run (docs/adaptive.md run 36). Raises
+  ValueError when the copies committed different numbers of tokens (not one program) or were
+  timed over different numbers of sweeps."""
+  if not copies or len({c['new_tokens'] for c in copies}) != 1:
+    raise ValueError(f'copies of one program commit the same tokens; got '
+                     f'{[c["new_tokens"] for c in copies]}')
+  seconds = [_paired_sweeps(c, copies[0])[0] for c in copies]
+  return {'new_tokens': copies[0]['new_tokens'],
+          'sweep_seconds': [float(t) for t in np.mean(seconds, axis=0)]}
+
+
 def _paired_sweeps(run: dict, reference: dict):
   """The two runs' seconds per sweep, as arrays; ValueError when their numbers of sweeps differ."""
   mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])

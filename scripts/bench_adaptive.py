@@ -10,10 +10,12 @@ methods draw different samples, so rows decode exactly --max-new-tokens tokens, 
 end-of-turn token (as throughput benchmarks do with ignore_eos): stopping there would give each
 method its own sequence lengths and so its own share of prefill in tokens/s. Plain decoding is
 timed twice, as two methods ('plain' and 'plain again', the same program): the second's ratio to
-the first is the run's own noise, printed beside the ratios it qualifies. Every ratio 'x' is
-`bench_rounds.sweep_speedup` (tokens over seconds summed over all sweeps, the method's over
+the first is the run's own noise, printed beside the ratios it qualifies. Every other ratio 'x'
+is `bench_rounds.sweep_speedup` (tokens over seconds summed over all sweeps, the method's over
 plain's: a best time keeps one lucky call, and a copy of one program read x1.05 by best times at
-batch 32 here); tok/s are from best times. Writes `<out>/adaptive.json` and `<out>/adaptive.md`,
+batch 32 here) against plain's two copies pooled (`bench_rounds.pooled_reference`: two
+measurements of one speed; the JSON keeps each method's ratio to the first copy alone too, as
+'speedup_first_plain'); tok/s are from best times. Writes `<out>/adaptive.json` and `<out>/adaptive.md`,
 whose last column and line say which cells meet issue 12's bars.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
@@ -177,11 +179,14 @@ def main():
         runs = bench_rounds.time_methods(target_params, batches, methods, target=target,
                                          repeats=args.repeats if b == 1 else args.batch_repeats)
         plain = runs['plain']
+        pooled = bench_rounds.pooled_reference([plain, runs['plain again']])
         for method, r in runs.items():
           draft_name, _, how = ('plain', '', method) if method.startswith('plain') else (
               method.partition(' '))
-          r['speedup'] = bench_rounds.sweep_speedup(r, plain)
-          r['speedup_se'] = bench_rounds.sweep_speedup_error(r, plain)
+          ref = plain if draft_name == 'plain' else pooled  # 'plain again': the first copy's
+          r['speedup'] = bench_rounds.sweep_speedup(r, ref)
+          r['speedup_se'] = bench_rounds.sweep_speedup_error(r, ref)
+          r['speedup_first_plain'] = bench_rounds.sweep_speedup(r, plain)
           r['speedup_best_times'] = r['tok_s'] / plain['tok_s']
           if temperature == 0:
             r['identical'] = r['tokens'] == plain['tokens']
@@ -218,9 +223,9 @@ def _table(results):
   each method, the best fixed K, auto's ratio to the better of plain and the best fixed K (by the
   same ratios), auto's K per round (histogram over K = 0..), acceptance at K=1 and under auto,
   and greedy identity; 'plain again' (the same plain program timed again, x of the first) is the
-  cell's noise, and '±' the standard error of the method's x plain over the sweeps
-  (`bench_rounds.sweep_speedup_error`). 'auto priced' is `_priced`: the schedule's choices
-  without the clock's noise. 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
+  cell's noise, every other x is over both copies pooled, and '±' the standard error of the
+  method's x plain over the sweeps (`bench_rounds.sweep_speedup_error`). 'auto priced' is
+  `_priced`: the schedule's choices without the clock's noise. 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
   >= 0.95 of the best fixed K; at batch > 1 `auto` >= 0.95 of the faster of plain and the best
   fixed K. A last line counts the cells that meet them."""
   methods = list(dict.fromkeys(r['method'] for r in results if r['draft'] != 'plain'))

@@ -126,3 +126,20 @@ def test_sweep_speedup_error():
                                                    {'new_tokens': 1, 'sweep_seconds': [2.0]}))
   with pytest.raises(ValueError, match='different repeats'):
     bench_rounds.sweep_speedup_error({**method, 'sweep_seconds': [1.0]}, plain)
+
+
+def test_pooled_reference_averages_the_copies_per_sweep():
+  # Two copies of one program: the pooled reference's sweeps are their means, so a method's
+  # speed-up over it is its tokens over its seconds against the copies' mean seconds.
+  first = {'new_tokens': 100, 'sweep_seconds': [10.0, 12.0, 11.0]}
+  again = {'new_tokens': 100, 'sweep_seconds': [11.0, 12.0, 12.0]}
+  method = {'new_tokens': 100, 'sweep_seconds': [11.0, 11.5, 11.5]}
+  ref = bench_rounds.pooled_reference([first, again])
+  assert ref['sweep_seconds'] == [10.5, 12.0, 11.5] and ref['new_tokens'] == 100
+  assert bench_rounds.sweep_speedup(method, ref) == pytest.approx(34.0 / 34.0)
+  assert bench_rounds.sweep_speedup(method, first) == pytest.approx(33.0 / 34.0)
+  assert bench_rounds.pooled_reference([first]) == first
+  with pytest.raises(ValueError, match='same tokens'):
+    bench_rounds.pooled_reference([first, {**again, 'new_tokens': 99}])
+  with pytest.raises(ValueError, match='different repeats'):
+    bench_rounds.pooled_reference([first, {**again, 'sweep_seconds': [1.0]}])
