@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV_PROMPTS = os.path.join(ROOT, 'data', 'dev_prompts.jsonl')
 TRAIN_PROMPTS = os.path.join(ROOT, 'data', 'train_prompts.jsonl')
 EVALUATION = 'evaluation'
+KINDS = ('chat', 'grounded', 'code', 'multilingual')  # the "kind" field of the prompt files
 
 
 def read_rows(path: str) -> list[dict]:

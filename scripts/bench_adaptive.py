@@ -15,8 +15,8 @@ is `bench_rounds.sweep_speedup` (tokens over seconds summed over all sweeps, the
 plain's: a best time keeps one lucky call, and a copy of one program read x1.05 by best times at
 batch 32 here) against plain's two copies pooled (`bench_rounds.pooled_reference`: two
 measurements of one speed; the JSON keeps each method's ratio to the first copy alone too, as
-'speedup_first_plain'); tok/s are from best times. Writes `<out>/adaptive.json` and `<out>/adaptive.md`,
-whose last column and line say which cells meet issue 12's bars.
+'speedup_first_plain'); tok/s are from best times. Writes `<out>/adaptive.json` and
+`<out>/adaptive.md`, whose last column and line say which cells meet issue 12's bars.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
   # issue 12's whole figure in one run: the batch-1 grid, and batch 16 and 32 on chat at T = 0
@@ -41,7 +41,6 @@ from models import cli, loading, prompts as prompt_files
 
 DRAFTS = ','.join(['ngram', os.path.join(cli.ROOT, 'drafts', 'smollm2_exit'),
                    os.path.join(cli.ROOT, 'drafts', 'smollm2_eagle')])
-PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
 
 
 def _parse(argv=None):
@@ -51,8 +50,9 @@ def _parse(argv=None):
                  help='comma-separated draft specs, as decode.py --draft (default: ngram and the '
                  'committed exit and EAGLE drafts)')
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
-  p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
-                 help=f'comma-separated, from {",".join(PROMPT_KINDS)}; --num-prompts is per kind')
+  p.add_argument('--prompt-kinds', type=cli.choices_of(prompt_files.KINDS),
+                 default='chat,grounded', help=f'comma-separated, from '
+                 f'{",".join(prompt_files.KINDS)}; --num-prompts is per kind')
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=64,
                  help='new tokens a prompt (exactly this many at T > 0; default 64)')
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=[1, 2, 3, 4],
@@ -115,9 +115,9 @@ def _parse(argv=None):
 def _cell(text: str) -> tuple[str, float]:
   """A KIND:TEMPERATURE cell of the grid, e.g. 'chat:0'."""
   kind, sep, t = text.partition(':')
-  if not sep or kind not in PROMPT_KINDS:
+  if not sep or kind not in prompt_files.KINDS:
     raise argparse.ArgumentTypeError(f'{text!r}: must be KIND:TEMPERATURE with KIND one of '
-                                     f'{", ".join(PROMPT_KINDS)}')
+                                     f'{", ".join(prompt_files.KINDS)}')
   return kind, cli.nonnegative_float(t)
 
 
@@ -225,9 +225,9 @@ def _table(results):
   and greedy identity; 'plain again' (the same plain program timed again, x of the first) is the
   cell's noise, every other x is over both copies pooled, and '±' the standard error of the
   method's x plain over the sweeps (`bench_rounds.sweep_speedup_error`). 'auto priced' is
-  `_priced`: the schedule's choices without the clock's noise. 'bars' is issue 12's: at batch 1 `auto` >= 0.97x plain and
-  >= 0.95 of the best fixed K; at batch > 1 `auto` >= 0.95 of the faster of plain and the best
-  fixed K. A last line counts the cells that meet them."""
+  `_priced`: the schedule's choices without the clock's noise. 'bars' is issue 12's: at batch 1
+  `auto` >= 0.97x plain and >= 0.95 of the best fixed K; at batch > 1 `auto` >= 0.95 of the
+  faster of plain and the best fixed K. A last line counts the cells that meet them."""
   methods = list(dict.fromkeys(r['method'] for r in results if r['draft'] != 'plain'))
   head = (['kind', 'B', 'T', 'draft', 'plain tok/s', 'plain again'] + methods +
           ['best fixed', 'auto / max(plain, best fixed)', 'auto rounds by K', 'accept K=1 / auto',

@@ -56,7 +56,6 @@ from models import cli, loading, prompts as prompt_files  # pylint: disable=g-im
 
 ROOT = cli.ROOT
 DRAFTS = ('ngram', 'exit_untrained', 'exit_trained', 'small', 'eagle')
-PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
 QUICK_DRAFTS = ('ngram', 'exit_trained', 'eagle')
 # Per mode, the defaults of the flags left unset: {quick: {flag: value}}.
 MODES = {
@@ -86,8 +85,9 @@ def _parse(argv=None):
                  '--num-prompts), 32 new tokens, one timed sweep, the same drafts')
   cli.add_model_flags(p, dtype=False)
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
-  p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='chat,grounded',
-                 help=f'comma-separated, from {",".join(PROMPT_KINDS)}')
+  p.add_argument('--prompt-kinds', type=cli.choices_of(prompt_files.KINDS),
+                 default='chat,grounded',
+                 help=f'comma-separated, from {",".join(prompt_files.KINDS)}')
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=None,
                  help='default: speed 128 (quick 48), operations 64 (quick 32)')
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=None,

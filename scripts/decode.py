@@ -302,8 +302,9 @@ def print_report(r, streamed=False):
                                        for w in ('eos', 'length', 'nonfinite')
                                        if w in r['finish_reasons'])),
           ('acceptance rate', f'{r["acceptance_rate"]:.3f}'),
-          ('acceptance by position', ', '.join('-' if a is None else f'{a:.2f}'
-                                               for a in r['position_acceptance'])),
+          ('acceptance at drafted position 1, 2, ..',
+           ', '.join('-' if a is None else f'{a:.2f}' for a in r['position_acceptance'])
+           + (' (-: never examined)' if None in r['position_acceptance'] else '')),
           ('rounds by K (K = 0, 1, ..)', str(r['rounds_by_k'])),
           ('mean accepted length', f'{r["mean_accepted_length"]:.2f} tokens / target pass'),
           ('target forward passes', str(r['target_forward_passes'])),

@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models import cli, draft_eval, loading  # pylint: disable=g-import-not-at-top
+from models import cli, draft_eval, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
 
 
 def _parse(argv=None):
@@ -34,8 +34,8 @@ def _parse(argv=None):
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int), default=[1, 3],
                  help='comma-separated list of K')
   p.add_argument('--temperatures', type=cli.list_of(cli.nonnegative_float), default=[0.0])
-  p.add_argument('--prompt-kinds', type=cli.choices_of(('chat', 'grounded', 'code',
-                                                        'multilingual')), default='chat,grounded')
+  p.add_argument('--prompt-kinds', type=cli.choices_of(prompt_files.KINDS),
+                 default='chat,grounded')
   p.add_argument('--num-prompts', type=cli.nonnegative_int, default=0,
                  help='evaluation prompts of each kind (0 = all)')
   p.add_argument('--num-train-prompts', type=cli.nonnegative_int, default=16,

@@ -25,15 +25,14 @@ import jaxspec as js
 from jaxspec import simulate
 from models import cli, loading, prompts as prompt_files
 
-PROMPT_KINDS = ('chat', 'grounded', 'code', 'multilingual')
-
 
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   cli.add_model_flags(p, dtype=False)
   cli.add_prompt_flags(p, prompt_files.TRAIN_PROMPTS)
-  p.add_argument('--prompt-kinds', type=cli.choices_of(PROMPT_KINDS), default='grounded,chat',
-                 help=f'comma-separated, from {",".join(PROMPT_KINDS)}; --num-prompts is per kind')
+  p.add_argument('--prompt-kinds', type=cli.choices_of(prompt_files.KINDS),
+                 default='grounded,chat', help=f'comma-separated, from '
+                 f'{",".join(prompt_files.KINDS)}; --num-prompts is per kind')
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=48,
                  help='new tokens a prompt (default 48)')
   p.add_argument('--round-ms', type=cli.list_of(cli.nonnegative_float), action='append',
