@@ -22,7 +22,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models import cli, draft_eval, loading, prompts as prompt_files  # pylint: disable=g-import-not-at-top
+from models import cli, draft_eval, loading  # pylint: disable=g-import-not-at-top
+from models import prompts as prompt_files  # pylint: disable=g-import-not-at-top
 
 
 def _parse(argv=None):
