@@ -10,15 +10,16 @@ from jaxspec.loop import (FINISH_REASONS, DecodeConfig, DecodeResult, DecodeStat
 from jaxspec.metrics import Metrics, summarize
 from jaxspec.noise import RowNoise, row_keys
 from jaxspec.sampling import SamplingConfig, process_logits
-from jaxspec.schedule import CostModel, Heuristic, measure_round_costs, measured_cost_model
+from jaxspec.schedule import CostModel, Cycle, Heuristic, measure_round_costs, measured_cost_model
 from jaxspec.verify import (Coupled, Exact, Greedy, Mixture, TypicalAcceptance, parse_verifier,
                             verify_exact, verify_greedy)
 from jaxspec.vocab import VocabMappedDraft
 
 __all__ = [
-    'CostModel', 'Coupled', 'DecodeConfig', 'DecodeResult', 'DecodeState', 'DeterministicDraft',
-    'Draft', 'DraftContext', 'Exact', 'FINISH_REASONS', 'FeatureDraft', 'FeatureModel', 'Greedy',
-    'Heuristic', 'Metrics', 'Mixture', 'Model', 'ModelDraft', 'NGramDraft', 'Prefill', 'Proposal',
+    'CostModel', 'Coupled', 'Cycle', 'DecodeConfig', 'DecodeResult', 'DecodeState',
+    'DeterministicDraft', 'Draft', 'DraftContext', 'Exact', 'FINISH_REASONS', 'FeatureDraft',
+    'FeatureModel', 'Greedy', 'Heuristic', 'Metrics', 'Mixture', 'Model', 'ModelDraft',
+    'NGramDraft', 'Prefill', 'Proposal',
     'RowNoise', 'SamplingConfig', 'Schedule', 'Scored', 'TypicalAcceptance', 'Verifier',
     'VocabMappedDraft', 'buffer_length', 'commit', 'compile_generate', 'decode_step', 'generate',
     'generate_steps', 'init_state', 'measure_round_costs', 'measured_cost_model', 'noise',

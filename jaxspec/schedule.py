@@ -44,6 +44,31 @@ def _round_outcome(before: Metrics, after: Metrics):
 
 
 @dataclasses.dataclass(frozen=True)
+class Cycle:
+  """Round r runs K = ks[r % len(ks)], whatever happened: for tests (K changing every round)
+  and for timing rounds that change K against rounds at one K (`scripts/bench_switch.py
+  --cycle`). Compiles a branch for every K in 0..max_draft_tokens; a K above it is clamped to
+  the last branch. Exact under every verifier: K depends on the round number only."""
+
+  ks: tuple[int, ...] = (3, 0, 1, 4, 2, 0, 0, 4)
+
+  def branches(self, max_draft_tokens):
+    return tuple(range(max_draft_tokens + 1))
+
+  def init(self, batch_size: int, max_draft_tokens: int) -> jax.Array:
+    del batch_size, max_draft_tokens
+    return jnp.int32(0)
+
+  def choose(self, state, active, ready):
+    del active, ready
+    return jnp.asarray(self.ks, jnp.int32)[state % len(self.ks)]
+
+  def update(self, state, before: Metrics, after: Metrics, active, ready):
+    del before, after, active, ready
+    return state + 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Heuristic:
   """transformers' heuristic schedule: K += 2 after a round in which every active row accepted
   all it drafted, else K -= 1, within [1, K_max]. State: K, an int32 scalar.

@@ -13,6 +13,9 @@ first copy).
 
   .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--drafts drafts/smollm2_exit] \\
       [--temperature 1]
+  # rounds that change K against rounds at one K (a plain round and a K = 1 round in turn)
+  .venv/bin/python scripts/bench_switch.py --prompt-kind chat --num-prompts 3 --k0-only \\
+      --drafts ngram,drafts/smollm2_exit,drafts/smollm2_eagle --repeats 6 --cycle 0,1
   # the switch's cost in bench_adaptive.py's batch-1 cells (docs/adaptive.md run 37)
   .venv/bin/python scripts/bench_switch.py --prompt-kind chat --num-prompts 3 --k0-only \\
       --drafts ngram,drafts/smollm2_exit,drafts/smollm2_eagle --repeats 12
@@ -52,7 +55,14 @@ def main(argv=None):
                  help='comma-separated draft specs, as decode.py --draft (default ngram)')
   p.add_argument('--k0-only', action='store_true',
                  help='time only plain and each draft\'s auto forced to K = 0 with 5 branches')
+  p.add_argument('--cycle', type=cli.list_of(cli.nonnegative_int), default=None,
+                 help='also time rounds whose K follows this cycle (e.g. 0,1 or '
+                 '0,0,0,0,0,0,0,0,0,1; each K in 0..4; `jaxspec.Cycle`) in the 5-branch '
+                 'program, beside the same program forced to K = 0 and to K = 1; with Ks of '
+                 '0 and 1 only, prints its ms a round against the forced programs\'')
   args = p.parse_args(argv)
+  if args.cycle and max(args.cycle) > 4:
+    p.error(f'--cycle: every K must be in 0..4, got {",".join(map(str, args.cycle))}')
   if args.prompt is not None and args.prompt_kind is not None:
     p.error('--prompt and --prompt-kind: give one')
   rows = [r['prompt'] for r in prompt_files.read_rows(args.prompts_file)
@@ -81,6 +91,10 @@ def main(argv=None):
     draft, draft_params = loading.load_draft(spec, config, params, target_tokenizer=tok)
     name = os.path.basename(spec)
     methods[f'{name} auto, 5 branches, K=0'] = (draft, draft_params, cfg(4, schedule=off(4)))
+    if args.cycle:
+      methods[f'{name} auto, 5 branches, K=1'] = (draft, draft_params, cfg(4, schedule=on))
+      methods[f'{name} cycle {",".join(map(str, args.cycle))}'] = (
+          draft, draft_params, cfg(4, schedule=js.Cycle(tuple(args.cycle))))
     if not args.k0_only:
       methods[f'{name} auto, 2 branches, K=0'] = (draft, draft_params, cfg(1, schedule=off(1)))
       methods[f'{name} K=1'] = (draft, draft_params, cfg(1))
@@ -98,6 +112,19 @@ def main(argv=None):
           f'±{bench_rounds.sweep_speedup_error(r, ref):.3f}; '
           f'rounds by K {r["rounds_by_k"]}; '
           f'sweeps ms {sweeps}')
+  for spec in args.drafts if args.cycle else ():
+    # ms per round of the cycle against its rounds priced at the forced programs' ms per round
+    name = os.path.basename(spec)
+    per_round = lambda r: 1e3 * sum(r['sweep_seconds']) / len(r['sweep_seconds']) / sum(
+        r['batch_rounds'])
+    forced = {0: per_round(runs[f'{name} auto, 5 branches, K=0']),
+              1: per_round(runs[f'{name} auto, 5 branches, K=1'])}
+    cycle = runs[f'{name} cycle {",".join(map(str, args.cycle))}']
+    if set(args.cycle) <= {0, 1}:
+      mix = np.mean([forced[k] for k in args.cycle])
+      print(f'{name} cycle: {per_round(cycle):.2f} ms a round, the same rounds at the forced '
+            f'programs\' ms a round (K = 0: {forced[0]:.2f}, K = 1: {forced[1]:.2f}) '
+            f'{mix:.2f}: x{per_round(cycle) / mix:.3f}')
 
 
 if __name__ == '__main__':

@@ -23,23 +23,7 @@ from tests.test_greedy_identity import (CONFIG, GREEDY, MAX_NEW, OTHER_PARAMS, P
 K_MAX = 4
 
 
-@dataclasses.dataclass(frozen=True)
-class Cycle:
-  """A test schedule: round r uses K = ks[r % len(ks)], whatever happened."""
-
-  ks: tuple[int, ...] = (3, 0, 1, 4, 2, 0, 0, 4)
-
-  def branches(self, max_draft_tokens):
-    return tuple(range(max_draft_tokens + 1))
-
-  def init(self, batch_size, max_draft_tokens):
-    return jnp.int32(0)
-
-  def choose(self, state, active, ready):
-    return jnp.asarray(self.ks, jnp.int32)[state % len(self.ks)]
-
-  def update(self, state, before, after, active, ready):
-    return state + 1
+Cycle = js.Cycle  # round r uses K = ks[r % len(ks)]
 
 
 def _llama_run(draft, draft_params, **config):
