@@ -265,6 +265,19 @@ def pooled_reference(copies: list[dict]) -> dict:
           'sweep_seconds': [float(t) for t in np.mean(seconds, axis=0)]}
 
 
+def speedups_over_plain(runs: dict, copies=('plain', 'plain again')) -> dict:
+  """Every run's speed-up over plain decoding and its standard error, {name: (x, se)}, by one
+  rule: each copy of plain after the first over the first copy alone (their ratio is the run's
+  noise), the first over itself (x1), every other run over the copies pooled
+  (`pooled_reference`). `runs` is `time_methods`' answer; `copies` the names of plain's copies,
+  first first. Raises KeyError when a copy is missing, ValueError as `pooled_reference`."""
+  first = runs[copies[0]]
+  pooled = pooled_reference([runs[c] for c in copies])
+  return {name: (sweep_speedup(r, first if name in copies else pooled),
+                 sweep_speedup_error(r, first if name in copies else pooled))
+          for name, r in runs.items()}
+
+
 def _paired_sweeps(run: dict, reference: dict):
   """The two runs' seconds per sweep, as arrays; ValueError when their numbers of sweeps differ."""
   mine, ref = np.asarray(run['sweep_seconds']), np.asarray(reference['sweep_seconds'])

@@ -25,6 +25,7 @@ Neither changes what is sampled: K depends only on rounds already committed.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -367,39 +368,81 @@ class _Forced:
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
                         target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
-                        repeats: int = 5) -> tuple[float, ...]:
+                        repeats: int = 5, max_repeats: int = 20,
+                        budget_s: float = 20.0) -> tuple[float, ...]:
   """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
-  devices that decoding will use): for each K, `rounds` rounds of `loop.decode_step` run in one
-  compiled loop from the prefilled state, under a schedule that compiles a branch for every K of
-  `ks` and picks that K every round (the K an input of the one program compiled for all of them,
-  as auto's choice is), so the price includes what the schedule's switch and a
-  deterministic draft's plain-round check cost (a drafting round under the switch cost 1-2% more
-  than in a fixed-K loop with EAGLE at batch 1, docs/adaptive.md run 28). The Ks are timed in
-  `repeats` sweeps after one warm-up (`bench.timed_sweeps`: every K once a sweep, in shuffled
-  order, so a burst of load on a shared machine hits them alike) and a K's cost is its mean over
-  the sweeps: a best time keeps one lucky call per K, and the ratios between Ks, which are all
-  the choice uses, then carry two draws of luck (at batch 16 in docs/adaptive.md run 30 the best
-  times priced a K = 1 round at 1.16 plain ones, where the loop ran it at ~1.5; the mean, in run
-  31, at 1.09-1.37 where the loop ran it at ~1.3, so it still reads low there). A K's cost is
-  then raised to the largest cost of the smaller Ks (a round with more drafted tokens does
-  strictly more work, so a lower time is noise).
+  devices that decoding will use): `round_costs` of `measure_round_sweeps`.
 
-  Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size).
+  Args: as `generate`; config.num_draft_tokens is the largest K (it sets the buffer's size);
+    rounds, repeats, max_repeats, budget_s as `measure_round_sweeps`.
   Returns:
     seconds per round, one per K, in the order of `ks`.
   Raises:
-    ValueError: what `generate` raises, or a K outside [0, config.num_draft_tokens].
+    ValueError: what `generate` raises, a K outside [0, config.num_draft_tokens], or repeats,
+    max_repeats, budget_s out of range.
   """
-  return _measure_rounds(target_params, draft_params, prompt_tokens, prompt_lengths, seeds,
-                         target=target, draft=draft, config=config, ks=ks, rounds=rounds,
-                         repeats=repeats)[0]
+  sweeps = measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_lengths,
+                                seeds, target=target, draft=draft, config=config, ks=ks,
+                                rounds=rounds, repeats=repeats, max_repeats=max_repeats,
+                                budget_s=budget_s)[0]
+  return round_costs(sweeps, ks, rounds)
 
 
-def _measure_rounds(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
-                    target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
-                    repeats: int = 5) -> tuple[tuple[float, ...], float, float]:
-  """`measure_round_costs`, and the first drafted position's (examined, accepted) counts over
-  every K's warm-up rounds and rows (a deterministic draft's plain-round checks included)."""
+def round_costs(sweep_seconds: dict, ks, rounds: int) -> tuple[float, ...]:
+  """Seconds per round at each K of `ks` from `measure_round_sweeps`' seconds, `{K: [sweeps]}`
+  for `rounds` rounds a call: each K's mean over the sweeps, per round, then raised to the
+  largest cost of the smaller Ks (a round with more drafted tokens does strictly more work, so a
+  lower time is noise). A best time keeps one lucky call per K, and the ratios between Ks, which
+  are all the choice uses, then carry two draws of luck (at batch 16 in docs/adaptive.md run 30
+  the best times priced a K = 1 round at 1.16 plain ones, where the loop ran it at ~1.5; the
+  mean, in run 31, at 1.09-1.37 where the loop ran it at ~1.3). A median of each K's ratio to
+  the plain round of the same sweep was no steadier: over 8 start-ups on one grounded prompt at
+  batch 1 its prices lay 0.039-0.076 (root mean square, in plain rounds) from those of all their
+  sweeps pooled, the mean's 0.051-0.069, the best time's 0.061-0.120 (`scripts/bench_prices.py`,
+  docs/adaptive.md run 39).
+
+  Returns:
+    seconds per round, one per K, in the order of `ks`.
+  Raises:
+    KeyError: a K of `ks` missing from `sweep_seconds`; ValueError: Ks timed over different
+    numbers of sweeps, or none.
+  """
+  branches = sorted(set(ks))
+  if len({len(sweep_seconds[k]) for k in branches}) != 1 or not sweep_seconds[branches[0]]:
+    raise ValueError(f'every K needs the same number (>= 1) of sweeps, got '
+                     f'{ {k: len(sweep_seconds[k]) for k in branches} }')
+  costs = np.maximum.accumulate([np.mean(sweep_seconds[k]) / rounds for k in branches])
+  return tuple(float(costs[branches.index(k)]) for k in ks)
+
+
+def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
+                         target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
+                         repeats: int = 5, max_repeats: int = 20,
+                         budget_s: float = 20.0) -> tuple[dict, float, float]:
+  """The wall seconds of `rounds` rounds at each K of `ks`, in sweeps, and the first drafted
+  position's (examined, accepted) counts over every K's warm-up rounds and rows (a deterministic
+  draft's plain-round checks included): `({K: [sweeps] seconds}, examined, accepted)`. For each
+  K the rounds of `loop.decode_step` run in one compiled loop from the prefilled state, under a
+  schedule that compiles a branch for every K of `ks` and picks that K every round (the K an
+  input of the one program compiled for all of them, as auto's choice is), so the time includes
+  what the schedule's switch and a deterministic draft's plain-round check cost (a drafting
+  round under the switch cost 1-2% more than in a fixed-K loop with EAGLE at batch 1,
+  docs/adaptive.md run 28). After one warm-up, the Ks are timed in sweeps (`bench.timed_sweeps`:
+  every K once a sweep, in shuffled order, so a burst of load on a shared machine hits them
+  alike): `repeats` of them, then more, up to `max_repeats`, while the sweeps so far took less
+  than `budget_s` seconds. With 5 sweeps, EAGLE's K = 1 round read 1.13-1.36 plain ones over 8
+  start-ups on one prompt at batch 1 (±0.07), with 20 1.22-1.29 (±0.03), where K = 1 breaks even
+  near its acceptance rate there (docs/adaptive.md run 39); at batch 32 on the 2-core CPU one
+  sweep takes ~11 s, so the budget keeps it at `repeats` there, where no draft is near
+  break-even.
+
+  Args: as `generate`; config.num_draft_tokens is the largest K; 1 <= repeats <= max_repeats;
+    budget_s >= 0.
+  Raises: as `measure_round_costs`.
+  """
+  if not 1 <= repeats <= max_repeats or budget_s < 0:
+    raise ValueError(f'need 1 <= repeats <= max_repeats and budget_s >= 0, got {repeats}, '
+                     f'{max_repeats}, {budget_s}')
   if not all(0 <= k <= config.num_draft_tokens for k in ks):
     raise ValueError(f'every K must be in [0, num_draft_tokens={config.num_draft_tokens}], got '
                      f'{tuple(ks)}')
@@ -418,9 +461,13 @@ def _measure_rounds(target_params, draft_params, prompt_tokens, prompt_lengths, 
     reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
     examined += float(jnp.sum(reached_BK[:, 0]))
     accepted += float(jnp.sum(accepted_BK[:, 0]))
-  seconds = bench.timed_sweeps(jobs, reps=repeats, warm_up=False)
-  costs = np.maximum.accumulate([np.mean(seconds[k]) / rounds for k in branches])
-  return tuple(float(costs[branches.index(k)]) for k in ks), examined, accepted
+  start = time.perf_counter()
+  sweeps = bench.timed_sweeps(jobs, reps=repeats, warm_up=False)
+  while len(sweeps[branches[0]]) < max_repeats and time.perf_counter() - start < budget_s:
+    more = bench.timed_sweeps(jobs, reps=1, seed=len(sweeps[branches[0]]), warm_up=False)
+    for k in branches:
+      sweeps[k] += more[k]
+  return sweeps, examined, accepted
 
 
 def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
@@ -438,9 +485,11 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
   settings as keywords. Raises what `measure_round_costs` and `CostModel` raise."""
   ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
   CostModel(ks=ks, round_seconds=(1.0,) * len(ks), **cost_model_kwargs)  # bad settings: raise now
-  costs, examined, accepted = _measure_rounds(
+  rounds = 8
+  sweeps, examined, accepted = measure_round_sweeps(
       target_params, draft_params, prompt_tokens, prompt_lengths, seeds, target=target,
-      draft=draft, config=config, ks=ks)
+      draft=draft, config=config, ks=ks, rounds=rounds)
+  costs = round_costs(sweeps, ks, rounds)
   if 'prior' not in cost_model_kwargs:
     weight = cost_model_kwargs.get('prior_weight', CostModel.prior_weight)
     cost_model_kwargs['prior'] = (accepted + weight * CostModel.prior) / (examined + weight)

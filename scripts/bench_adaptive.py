@@ -179,13 +179,11 @@ def main():
         runs = bench_rounds.time_methods(target_params, batches, methods, target=target,
                                          repeats=args.repeats if b == 1 else args.batch_repeats)
         plain = runs['plain']
-        pooled = bench_rounds.pooled_reference([plain, runs['plain again']])
+        speedups = bench_rounds.speedups_over_plain(runs)
         for method, r in runs.items():
           draft_name, _, how = ('plain', '', method) if method.startswith('plain') else (
               method.partition(' '))
-          ref = plain if draft_name == 'plain' else pooled  # 'plain again': the first copy's
-          r['speedup'] = bench_rounds.sweep_speedup(r, ref)
-          r['speedup_se'] = bench_rounds.sweep_speedup_error(r, ref)
+          r['speedup'], r['speedup_se'] = speedups[method]
           r['speedup_first_plain'] = bench_rounds.sweep_speedup(r, plain)
           r['speedup_best_times'] = r['tok_s'] / plain['tok_s']
           if temperature == 0:

@@ -7,9 +7,8 @@ noise); and the same for drafting rounds: a fixed K = 1 against `auto` forced to
 round (K = 1 priced as a plain round, K >= 2 just under the K + 1 bound, so all 5 branches stay
 compiled and K = 1 always wins); --k0-only times plain and the 5-branch K = 0 program only.
 Prints each method's best wall ms and its speed over plain two ways: by best times (over the
-first copy) and over all sweeps (`bench_rounds.sweep_speedup`, ± its standard error; over both
-plain copies pooled, `bench_rounds.pooled_reference`, except 'plain again', which is over the
-first copy).
+first copy) and over all sweeps (± its standard error, `bench_rounds.speedups_over_plain`:
+over both plain copies pooled, except 'plain again', which is over the first copy).
 
   .venv/bin/python scripts/bench_switch.py [--batch-size 16] [--drafts drafts/smollm2_exit] \\
       [--temperature 1]
@@ -87,13 +86,14 @@ def main(argv=None):
   cfg = lambda k, **kw: js.DecodeConfig(num_draft_tokens=k, max_new_tokens=args.max_new_tokens,
                                         sampling=sampling, **kw)
   methods = {'plain': (None, None, cfg(0)), 'plain again': (None, None, cfg(0))}
+  cycle_label = f'cycle {",".join(map(str, args.cycle or ()))}'
   for spec in args.drafts:
     draft, draft_params = loading.load_draft(spec, config, params, target_tokenizer=tok)
     name = os.path.basename(spec)
     methods[f'{name} auto, 5 branches, K=0'] = (draft, draft_params, cfg(4, schedule=off(4)))
     if args.cycle:
       methods[f'{name} auto, 5 branches, K=1'] = (draft, draft_params, cfg(4, schedule=on))
-      methods[f'{name} cycle {",".join(map(str, args.cycle))}'] = (
+      methods[f'{name} {cycle_label}'] = (
           draft, draft_params, cfg(4, schedule=js.Cycle(tuple(args.cycle))))
     if not args.k0_only:
       methods[f'{name} auto, 2 branches, K=0'] = (draft, draft_params, cfg(1, schedule=off(1)))
@@ -102,24 +102,22 @@ def main(argv=None):
   runs = bench_rounds.time_methods(params, batches, methods, target=loading.forward_for(config),
                                    repeats=args.repeats)
   plain = runs['plain']
-  pooled = bench_rounds.pooled_reference([plain, runs['plain again']])
+  speedups = bench_rounds.speedups_over_plain(runs)
   for name, r in runs.items():
     sweeps = [round(1e3 * t) for t in r['sweep_seconds']]
-    ref = plain if name.startswith('plain') else pooled
     print(f'{name}: {1e3 * r["seconds"]:.0f} ms, {r["tok_s"]:.1f} tok/s, x plain: best times '
           f'{plain["seconds"] / r["seconds"]:.3f}, over all sweeps '
-          f'{bench_rounds.sweep_speedup(r, ref):.3f} '
-          f'±{bench_rounds.sweep_speedup_error(r, ref):.3f}; '
+          f'{speedups[name][0]:.3f} ±{speedups[name][1]:.3f}; '
           f'rounds by K {r["rounds_by_k"]}; '
           f'sweeps ms {sweeps}')
+  # ms per round of the cycle against its rounds priced at the forced programs' ms per round
+  per_round = lambda r: 1e3 * sum(r['sweep_seconds']) / len(r['sweep_seconds']) / sum(
+      r['batch_rounds'])
   for spec in args.drafts if args.cycle else ():
-    # ms per round of the cycle against its rounds priced at the forced programs' ms per round
     name = os.path.basename(spec)
-    per_round = lambda r: 1e3 * sum(r['sweep_seconds']) / len(r['sweep_seconds']) / sum(
-        r['batch_rounds'])
     forced = {0: per_round(runs[f'{name} auto, 5 branches, K=0']),
               1: per_round(runs[f'{name} auto, 5 branches, K=1'])}
-    cycle = runs[f'{name} cycle {",".join(map(str, args.cycle))}']
+    cycle = runs[f'{name} {cycle_label}']
     if set(args.cycle) <= {0, 1}:
       mix = np.mean([forced[k] for k in args.cycle])
       print(f'{name} cycle: {per_round(cycle):.2f} ms a round, the same rounds at the forced '

@@ -143,3 +143,17 @@ def test_pooled_reference_averages_the_copies_per_sweep():
     bench_rounds.pooled_reference([first, {**again, 'new_tokens': 99}])
   with pytest.raises(ValueError, match='different repeats'):
     bench_rounds.pooled_reference([first, {**again, 'sweep_seconds': [1.0]}])
+
+
+def test_speedups_over_plain_puts_the_copies_over_the_first_and_the_rest_over_both():
+  first = {'new_tokens': 100, 'sweep_seconds': [10.0, 12.0, 11.0]}
+  again = {'new_tokens': 100, 'sweep_seconds': [11.0, 12.0, 12.0]}
+  method = {'new_tokens': 100, 'sweep_seconds': [11.0, 11.5, 11.5]}
+  x = bench_rounds.speedups_over_plain({'plain': first, 'plain again': again, 'm': method})
+  assert x['plain'] == (1.0, 0.0)
+  assert x['plain again'][0] == pytest.approx(bench_rounds.sweep_speedup(again, first))
+  pooled = bench_rounds.pooled_reference([first, again])
+  assert x['m'] == (bench_rounds.sweep_speedup(method, pooled),
+                    bench_rounds.sweep_speedup_error(method, pooled))
+  with pytest.raises(KeyError):
+    bench_rounds.speedups_over_plain({'plain': first, 'm': method})

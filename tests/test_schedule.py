@@ -490,6 +490,22 @@ def test_heuristic_in_the_loop(plain):
   assert summary['rounds_by_k'][2] == 0 and summary['rounds_by_k'][4] > 0
 
 
+def test_round_sweeps_take_repeats_then_more_within_the_budget():
+  """`repeats` sweeps with no budget left; up to `max_repeats` within it; bad settings raise
+  before anything is compiled."""
+  tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
+  config = js.DecodeConfig(num_draft_tokens=1, max_new_tokens=8, sampling=GREEDY)
+  sweeps = lambda **kw: js.schedule.measure_round_sweeps(
+      PARAMS, None, tokens, lengths, np.zeros(3, int), target=TARGET, draft=js.NGramDraft(),
+      config=config, ks=(0, 1), rounds=1, **kw)[0]
+  assert [len(t) for t in sweeps(repeats=2, budget_s=0.0).values()] == [2, 2]
+  assert [len(t) for t in sweeps(repeats=2, max_repeats=4, budget_s=600.).values()] == [4, 4]
+  for bad in (dict(repeats=0), dict(repeats=3, max_repeats=2), dict(budget_s=-1.0)):
+    with pytest.raises(ValueError, match='repeats <= max_repeats'):
+      js.schedule.measure_round_sweeps(PARAMS, None, tokens, lengths, np.zeros(3, int),
+                                       target=None, draft=None, config=config, ks=(0,), **bad)
+
+
 def test_measured_round_costs():
   tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
   config = js.DecodeConfig(num_draft_tokens=2, max_new_tokens=8, sampling=GREEDY)
@@ -500,6 +516,18 @@ def test_measured_round_costs():
   with pytest.raises(ValueError, match='num_draft_tokens=2'):
     js.measure_round_costs(PARAMS, None, tokens, lengths, np.zeros(3, int), target=TARGET,
                            draft=js.NGramDraft(), config=config, ks=(0, 3))
+
+
+def test_round_costs_are_means_per_round_made_non_decreasing():
+  """Each K's mean time over the sweeps, per round, raised to the largest cost of the smaller
+  Ks (K = 2 timed below K = 1 is noise); in the order of `ks`, whatever the order."""
+  sweeps = {0: [1.0, 1.0, 1.0], 1: [1.2, 1.2, 1.8], 2: [1.1, 1.1, 1.1]}
+  assert js.schedule.round_costs(sweeps, (0, 1, 2), rounds=2) == pytest.approx((0.5, 0.7, 0.7))
+  assert js.schedule.round_costs(sweeps, (2, 0), rounds=2) == pytest.approx((0.55, 0.5))
+  with pytest.raises(ValueError, match='same number'):
+    js.schedule.round_costs({0: [1.0, 1.0], 1: [1.0]}, (0, 1), rounds=1)
+  with pytest.raises(KeyError):
+    js.schedule.round_costs(sweeps, (0, 3), rounds=1)
 
 
 @pytest.mark.parametrize('draft, draft_params', [(js.NGramDraft(), None),
@@ -531,7 +559,7 @@ def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params
 
   def measured(*args, **kwargs):
     raise AssertionError('measured before the settings were checked')
-  monkeypatch.setattr(js.schedule, '_measure_rounds', measured)
+  monkeypatch.setattr(js.schedule, 'measure_round_sweeps', measured)
   with pytest.raises(ValueError, match='prior_weight > 0'):
     js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
                            draft=draft, config=config, prior_weight=0.)
