@@ -99,6 +99,9 @@ class Heuristic:
     return jnp.clip(jnp.where(all_accepted, state + 2, state - 1), 1, k_max).astype(jnp.int32)
 
 
+STARTUP_ROUNDS = 8  # rounds a call when the start-up prices are measured
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class CostModelState:
@@ -367,8 +370,8 @@ class _Forced:
 
 
 def measure_round_costs(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
-                        target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
-                        repeats: int = 5, max_repeats: int = 20,
+                        target, draft, config: loop.DecodeConfig, ks,
+                        rounds: int = STARTUP_ROUNDS, repeats: int = 5, max_repeats: int = 20,
                         budget_s: float = 20.0) -> tuple[float, ...]:
   """Seconds per round at each K of `ks`, measured here on these prompts (the batch size and
   devices that decoding will use): `round_costs` of `measure_round_sweeps`.
@@ -416,8 +419,8 @@ def round_costs(sweep_seconds: dict, ks, rounds: int) -> tuple[float, ...]:
 
 
 def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
-                         target, draft, config: loop.DecodeConfig, ks, rounds: int = 8,
-                         repeats: int = 5, max_repeats: int = 20,
+                         target, draft, config: loop.DecodeConfig, ks,
+                         rounds: int = STARTUP_ROUNDS, repeats: int = 5, max_repeats: int = 20,
                          budget_s: float = 20.0) -> tuple[dict, float, float]:
   """The wall seconds of `rounds` rounds at each K of `ks`, in sweeps, and the first drafted
   position's (examined, accepted) counts over every K's warm-up rounds and rows (a deterministic
@@ -485,11 +488,10 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
   settings as keywords. Raises what `measure_round_costs` and `CostModel` raise."""
   ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
   CostModel(ks=ks, round_seconds=(1.0,) * len(ks), **cost_model_kwargs)  # bad settings: raise now
-  rounds = 8
   sweeps, examined, accepted = measure_round_sweeps(
       target_params, draft_params, prompt_tokens, prompt_lengths, seeds, target=target,
-      draft=draft, config=config, ks=ks, rounds=rounds)
-  costs = round_costs(sweeps, ks, rounds)
+      draft=draft, config=config, ks=ks)
+  costs = round_costs(sweeps, ks, STARTUP_ROUNDS)
   if 'prior' not in cost_model_kwargs:
     weight = cost_model_kwargs.get('prior_weight', CostModel.prior_weight)
     cost_model_kwargs['prior'] = (accepted + weight * CostModel.prior) / (examined + weight)

@@ -23,7 +23,7 @@ import jaxspec as js
 from jaxspec import schedule
 from models import cli, loading, prompts as prompt_files
 
-ROUNDS = 8  # measured_cost_model's
+ROUNDS = schedule.STARTUP_ROUNDS  # measured_cost_model's
 
 
 def _costs_by(statistic, sweeps: dict, ks) -> np.ndarray:
@@ -81,6 +81,7 @@ def main(argv=None):
                            max_new_tokens=args.max_new_tokens,
                            sampling=js.SamplingConfig(temperature=args.temperature))
   ks = tuple(range(args.max_draft_tokens + 1))
+  target = loading.forward_for(config)
   print(f'{args.prompt_kind} prompt 1, batch {args.batch_size}, T={args.temperature:g}: a '
         f'K-round in plain rounds over {args.trials} start-ups (mean ±sd [min, max])')
   for spec in args.drafts:
@@ -88,7 +89,7 @@ def main(argv=None):
     prices, every = {name: [] for name in ESTIMATORS}, {k: [] for k in ks}
     for trial in range(args.trials):
       sweeps = schedule.measure_round_sweeps(params, draft_params, tokens, lengths, seeds,
-                                             target=loading.forward_for(config), draft=draft,
+                                             target=target, draft=draft,
                                              config=decode, ks=ks, rounds=ROUNDS,
                                              repeats=args.repeats, max_repeats=args.max_repeats,
                                              budget_s=args.budget_s)[0]
