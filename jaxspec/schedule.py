@@ -184,6 +184,12 @@ class CostModel:
     finish_spread: in rounds, > 0: how far (in expected rounds still to run) a row may be from
       the slowest before its tokens count e times less; rows that tie weigh alike, so the
       choice never waits on one row the draft happens not to be ready for.
+    min_gain: >= 0: a round drafts only where it promises more than (1 + min_gain) times a
+      plain round's tokens per second (probes aside): a margin for prices that read low. Off by
+      default: against Bernoulli acceptance with EAGLE's batch-1 prices and drafting rounds
+      charged 2% over them, margins of 0.02-0.05 gained at most 0.5 points at acceptance 0.2
+      and lost 0.5-1.5 where K = 1 pays 7-15% (`scripts/simulate_schedule.py --min-gains`,
+      docs/adaptive.md run 41).
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
       costs, or prior, decay, prior_weight, probe_every, probe_budget, horizon, finish_spread
@@ -199,6 +205,7 @@ class CostModel:
   probe_budget: float = 0.02
   horizon: int | None = None
   finish_spread: float = 1.0
+  min_gain: float = 0.0
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -210,12 +217,13 @@ class CostModel:
       raise ValueError(f'round_seconds must be positive, got {self.round_seconds}')
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
             (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0 and
-            (self.horizon is None or self.horizon >= 1) and self.finish_spread > 0):
+            (self.horizon is None or self.horizon >= 1) and self.finish_spread > 0 and
+            self.min_gain >= 0):
       raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
-                       f'None or >= 0, probe_budget > 0, horizon None or >= 1, finish_spread > 0; '
-                       f'got {self.prior}, {self.decay}, {self.prior_weight}, '
+                       f'None or >= 0, probe_budget > 0, horizon None or >= 1, finish_spread > 0, '
+                       f'min_gain >= 0; got {self.prior}, {self.decay}, {self.prior_weight}, '
                        f'{self.probe_every}, {self.probe_budget}, {self.horizon}, '
-                       f'{self.finish_spread}')
+                       f'{self.finish_spread}, {self.min_gain}')
 
   def paying(self) -> tuple[int, ...]:
     """The Ks of `ks` a round may run (ascending): K = 0 and every K > 0 whose round costs less
@@ -308,14 +316,16 @@ class CostModel:
 
   def choose(self, state: CostModelState, active, ready):
     """The index into `branches` (`paying()`) of this round's K: the most expected tokens per
-    second, tokens averaged over rows with `finish_weights`."""
+    second, tokens averaged over rows with `finish_weights`, plain's rate counted (1 +
+    min_gain) times."""
     ks = self.paying()
     kept = np.array([self.ks.index(k) for k in ks])
     row_tokens = self.row_tokens(state, active)
     per_k = jnp.where((active & ready)[:, None], row_tokens, 1.0)[:, kept]
     weights = self.finish_weights(state, active, row_tokens)[:, kept]
     tokens = jnp.sum(weights * per_k, axis=0) / jnp.maximum(jnp.sum(weights, axis=0), 1e-30)
-    rate = tokens / jnp.asarray(self.round_seconds, jnp.float32)[kept]
+    bonus = np.array([1 + self.min_gain if k == 0 else 1.0 for k in ks], np.float32)
+    rate = bonus * tokens / jnp.asarray(self.round_seconds, jnp.float32)[kept]
     index = jnp.argmax(rate).astype(jnp.int32)
     positive = [i for i, k in enumerate(ks) if k > 0]
     if positive:

@@ -46,7 +46,8 @@ DRAFTS = ','.join(['ngram', os.path.join(cli.ROOT, 'drafts', 'smollm2_exit'),
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   cli.add_model_flags(p, dtype=False)
-  p.add_argument('--drafts', type=cli.list_of(str), default=DRAFTS,
+  p.add_argument('--drafts', default=DRAFTS,
+                 type=cli.list_of(cli.parsed_by(loading.parse_draft_spec, keep_text=True)),
                  help='comma-separated draft specs, as decode.py --draft (default: ngram and the '
                  'committed exit and EAGLE drafts)')
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
@@ -104,11 +105,6 @@ def _parse(argv=None):
       p.error(f'--batch-cells: {kind}:{t:g} is not a cell of --prompt-kinds '
               f'{",".join(args.prompt_kinds)} and --temperatures '
               f'{",".join(f"{t:g}" for t in args.temperatures)}')
-  for spec in args.drafts:
-    try:
-      loading.parse_draft_spec(spec)
-    except ValueError as e:
-      p.error(f'--drafts: {e}')
   return args
 
 

@@ -29,6 +29,11 @@ from models import cli, loading, prompts as prompt_files
 ROOT = cli.ROOT
 
 
+def _from_root(spec: str) -> str:
+  """A --drafts entry with a path taken from the repository root."""
+  return os.path.join(ROOT, spec) if '/' in spec else spec
+
+
 def _parse(argv):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   cli.add_model_flags(p, dtype=False)
@@ -36,7 +41,9 @@ def _parse(argv):
                  help='parameter dtype (default bfloat16, where invariance matters)')
   cli.add_prompt_flags(p, prompt_files.DEV_PROMPTS)
   p.add_argument('--max-new-tokens', type=cli.positive_int, default=128)
-  p.add_argument('--drafts', type=cli.list_of(str), default='ngram,early-exit:24,drafts/smollm2_eagle',
+  p.add_argument('--drafts', default='ngram,early-exit:24,drafts/smollm2_eagle',
+                 type=cli.list_of(cli.parsed_by(lambda spec: loading.parse_draft_spec(
+                     _from_root(spec)), keep_text=True)),
                  help='comma-separated draft specs, as decode.py --draft')
   p.add_argument('--num-draft-tokens', type=cli.list_of(cli.positive_int),
                  default='1,2,3,4,5,6,7,8', help='comma-separated list of K')
@@ -104,8 +111,7 @@ def main(argv=None):
     plain, plain_tps = decode(None, None, 0)
     print(f'| {mode} | plain | - | - | - | {plain_tps:.1f} | {plain_tps:.1f} |', flush=True)
     for spec in args.drafts:
-      draft, dparams = loading.load_draft(os.path.join(ROOT, spec) if '/' in spec else spec,
-                                          config, params, args.dtype)
+      draft, dparams = loading.load_draft(_from_root(spec), config, params, args.dtype)
       for k in ks:
         out, tps = decode(draft, dparams, k)
         differing = _margins(target, params, prompts, plain, out)

@@ -13,11 +13,19 @@ cost over plain decoding's. Each run starts from the schedule's initial state, a
       --round-ms 1,1.19,1.3,1.32,1.35 --prior-weights 1,2   # two settings side by side
   .venv/bin/python scripts/simulate_schedule.py --acceptance 0.19,0.15,0.1,0.1 \\
       --round-ms 18.5,20.7,24,27,30 --decays 0.3,0.1,0.02   # how fast the counts forget
+  .venv/bin/python scripts/simulate_schedule.py --acceptance 0.25,0.2,0.15,0.1 \\
+      --round-ms 1,1.26,1.43,1.52,1.61 --min-gains 0,0.03 --drafting-excess 0.02
+      # a margin for plain, where drafting rounds cost 2% more than the schedule was told
+
+With --drafting-excess every round with K > 0 (and every fixed K) is charged that share more
+than --round-ms, which stay the schedule's prices: what a schedule loses when the prices it
+measured at start-up are low.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import jax
 
@@ -41,6 +49,11 @@ def _parse(argv=None):
   p.add_argument('--decays', type=cli.list_of(cli.probability), default=None,
                  help="comma-separated CostModel decay values in (0, 1], one 'auto' each per "
                  "prior weight (default: CostModel's)")
+  p.add_argument('--min-gains', type=cli.list_of(cli.nonnegative_float), default=None,
+                 help="comma-separated CostModel min_gain values, one 'auto' each per prior "
+                 "weight and decay (default: CostModel's)")
+  p.add_argument('--drafting-excess', type=cli.nonnegative_float, default=0.0,
+                 help='charge rounds with K > 0 this share more than --round-ms (default 0)')
   p.add_argument('--seed', type=int, default=0)
   args = p.parse_args(argv)
   if args.prior_weights is not None and min(args.prior_weights) <= 0:
@@ -56,19 +69,21 @@ def _parse(argv=None):
 def main(argv=None):
   args = _parse(argv)
   k_max, costs = len(args.acceptance), args.round_ms
-  ratios = {f'K={k}': speedup.expected_tokens_by_position(args.acceptance, k) * costs[0] / costs[k]
-            for k in range(1, k_max + 1)}
+  charged = [costs[0]] + [c * (1 + args.drafting_excess) for c in costs[1:]]
+  ratios = {f'K={k}': speedup.expected_tokens_by_position(args.acceptance, k) * charged[0] /
+            charged[k] for k in range(1, k_max + 1)}
   schedules = {'heuristic': js.Heuristic()}
-  for w in args.prior_weights or [None]:
-    for d in args.decays or [None]:
-      settings = {key: v for key, v in (('prior_weight', w), ('decay', d)) if v is not None}
-      name = 'auto' + (f' ({", ".join(f"{key} {v:g}" for key, v in settings.items())})'
-                       if settings else '')
-      schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
-                                     **settings)
+  for w, d, g in itertools.product(args.prior_weights or [None], args.decays or [None],
+                                   args.min_gains or [None]):
+    settings = {key: v for key, v in (('prior_weight', w), ('decay', d), ('min_gain', g))
+                if v is not None}
+    name = 'auto' + (f' ({", ".join(f"{key} {v:g}" for key, v in settings.items())})'
+                     if settings else '')
+    schedules[name] = js.CostModel(ks=tuple(range(k_max + 1)), round_seconds=tuple(costs),
+                                   **settings)
   rounds = {}
   for name, schedule in schedules.items():
-    out = simulate.simulate(schedule, args.acceptance, costs, num_rounds=args.rounds,
+    out = simulate.simulate(schedule, args.acceptance, charged, num_rounds=args.rounds,
                             num_runs=args.runs, key=jax.random.key(args.seed),
                             batch_size=args.batch_size)
     ratios[name], rounds[name] = out['speedup'], out['rounds_by_k']

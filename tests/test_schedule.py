@@ -313,6 +313,23 @@ def test_cost_model_compiles_only_ks_that_can_pay():
   assert js.CostModel(ks=(1, 2), round_seconds=(5.0, 9.0)).paying() == (1, 2)  # no K = 0
 
 
+def test_cost_model_min_gain_counts_plain_rate_that_much_more():
+  """At batch 1 with every examined token accepted at rate 0.6 (counts far above the prior's),
+  K = 1 promises 1.6 tokens a round for a price of 1.5 plain rounds: x1.067 of plain. A margin
+  under that gain still drafts; one above it runs plain; the probe rule is unchanged."""
+  state = dataclasses.replace(js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.5)).init(1, 1),
+                              reached=jnp.full((1, 1), 1e4), accepted=jnp.full((1, 1), 6e3))
+  active = jnp.array([True])
+
+  def choose(gain):
+    model = js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.5), probe_every=0, min_gain=gain)
+    return int(model.choose(state, active, active))
+
+  assert [choose(g) for g in (0.0, 0.06, 0.07, 0.2)] == [1, 1, 0, 0]
+  with pytest.raises(ValueError, match='min_gain'):
+    js.CostModel(ks=(0, 1), round_seconds=(1.0, 1.5), min_gain=-0.01)
+
+
 class _NeverCalled(js.NGramDraft):
   """An n-gram draft that fails the trace if the loop asks it anything, prefill included."""
 
