@@ -19,12 +19,12 @@ measurements of one speed; the JSON keeps each method's ratio to the first copy 
 `<out>/adaptive.md`, whose last column and line say which cells meet issue 12's bars.
 
   .venv/bin/python scripts/bench_adaptive.py --quick
-  # issue 12's whole figure in one run: the batch-1 grid, and batch 16 and 32 on chat at T = 0
-  # (more sweeps at batch > 1: one auto cell, the same rounds by K, read x1.09 and x0.89 of
-  # plain in two runs, docs/adaptive.md runs 31-32)
-  .venv/bin/python scripts/bench_adaptive.py --num-prompts 5 --max-new-tokens 48 \\
-      --num-draft-tokens 1,4 --batch-sizes 1,16,32 --batch-cells chat:0 \\
-      --batch-num-draft-tokens 1 --no-heuristic --repeats 4 --batch-repeats 12
+  # issue 12's whole figure in one run (~80 min on the 2-core CPU of docs/adaptive.md, run 41):
+  # the batch-1 grid, and batch 16 and 32 on chat at T = 0
+  .venv/bin/python scripts/bench_adaptive.py --prompt-kinds chat,grounded --num-prompts 3 \\
+      --max-new-tokens 48 --temperatures 0,1 --num-draft-tokens 1,4 --max-draft-tokens 4 \\
+      --batch-sizes 1,16,32 --batch-cells chat:0 --batch-num-draft-tokens 1 --no-heuristic \\
+      --repeats 8 --batch-repeats 8
 """
 
 from __future__ import annotations
