@@ -50,21 +50,35 @@ def load_model(path: str | None, dtype: str = 'float32', mesh=None):
     ValueError: the path is neither a GGUF file nor a known checkpoint directory.
   """
   path = gguf_loader.default_model_path() if path is None else path
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'checkpoint not found: {path}')
-  if os.path.isfile(path) and path.endswith('.gguf'):
+  kind = checkpoint_kind(path)
+  if kind == 'gguf':
     config, params = gguf_loader.load_gguf(path, dtype)
     return config, _place(config, params, mesh), path
-  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'config.json')):
+  if kind == 'hf':
     from models import hf_loader  # pylint: disable=g-import-not-at-top
     config, params = hf_loader.load_hf(path, dtype=dtype, mesh=mesh)
     return config, params, None
-  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'jaxspec_config.json')):
-    from models import checkpoint  # pylint: disable=g-import-not-at-top
-    config, params = checkpoint.restore(path, mesh=mesh)
-    return config, params, None
-  raise ValueError(f'{path} is not a .gguf file, a Hugging Face directory (config.json) or an '
-                   'orbax checkpoint written by scripts/convert.py')
+  from models import checkpoint  # pylint: disable=g-import-not-at-top
+  config, params = checkpoint.restore(path, mesh=mesh)
+  return config, params, None
+
+
+_UNKNOWN = ('is not a .gguf file, a Hugging Face directory (config.json) or an orbax checkpoint '
+            'written by scripts/convert.py')
+
+
+def checkpoint_kind(path: str) -> str:
+  """What `load_model` reads at `path`, from the path alone (no weights): 'gguf' (a `.gguf`
+  file), 'hf' (a directory with config.json) or 'orbax' (one with jaxspec_config.json).
+  Raises FileNotFoundError for a missing path, ValueError for anything else."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'checkpoint not found: {path}')
+  if os.path.isfile(path) and path.endswith('.gguf'):
+    return 'gguf'
+  for kind, marker in (('hf', 'config.json'), ('orbax', 'jaxspec_config.json')):
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, marker)):
+      return kind
+  raise ValueError(f'{path} {_UNKNOWN}')
 
 
 def num_layers(path: str | None) -> int:
@@ -72,20 +86,16 @@ def num_layers(path: str | None) -> int:
   weights), so that flags can be checked before anything loads. Raises what `load_model` raises
   for a missing or unknown path."""
   path = gguf_loader.default_model_path() if path is None else path
-  if os.path.isfile(path) and path.endswith('.gguf'):
+  kind = checkpoint_kind(path)
+  if kind == 'gguf':
     from models import gguf_file  # pylint: disable=g-import-not-at-top
     meta = gguf_file.read_metadata(path)
     return int(meta[f"{meta['general.architecture']}.block_count"])
-  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'config.json')):
+  if kind == 'hf':
     from models import hf_loader  # pylint: disable=g-import-not-at-top
     return int(hf_loader.read_config(path)['num_hidden_layers'])
-  if os.path.isdir(path) and os.path.isfile(os.path.join(path, 'jaxspec_config.json')):
-    from models import checkpoint  # pylint: disable=g-import-not-at-top
-    return checkpoint.read_config(path).num_layers
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'checkpoint not found: {path}')
-  raise ValueError(f'{path} is not a .gguf file, a Hugging Face directory (config.json) or an '
-                   'orbax checkpoint written by scripts/convert.py')
+  from models import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.read_config(path).num_layers
 
 
 def check_early_exit(spec: str, model_path: str | None) -> None:
@@ -117,7 +127,8 @@ DEFAULT_NGRAM = 3  # `ngram` is `ngram:3`
 
 def parse_draft_spec(spec: str) -> tuple[str, int | tuple[int, int] | str]:
   """Checks a draft spec before anything loads: `('ngram', (N, M))` (the longest and shortest
-  n-gram tried), `('early-exit', N)` or `('path', spec)` for an existing path. (The layer bound
+  n-gram tried), `('early-exit', N)` or `('path', spec)` for a trained draft's directory
+  (draft.json) or a checkpoint `load_model` reads (`checkpoint_kind`). (The layer bound
   of early-exit:N needs the model's metadata: `check_early_exit`; `load_draft` checks it too.)
   Raises ValueError saying what is wrong."""
   name, sep, arg = spec.partition(':')
@@ -133,9 +144,14 @@ def parse_draft_spec(spec: str) -> tuple[str, int | tuple[int, int] | str]:
     return name, (int(parts[0]), int(parts[-1]) if len(parts) == 2 else 1)
   if spec == 'ngram':
     return 'ngram', (DEFAULT_NGRAM, 1)
-  if os.path.exists(spec):
-    return 'path', spec
-  raise ValueError(f'{spec!r} is neither ngram, ngram:N[:M], early-exit:N nor an existing path')
+  if not os.path.exists(spec):
+    raise ValueError(f'{spec!r} is neither ngram, ngram:N[:M], early-exit:N nor an existing path')
+  if not os.path.isfile(os.path.join(spec, 'draft.json')):  # not a trained draft (registry)
+    try:
+      checkpoint_kind(spec)
+    except ValueError:
+      raise ValueError(f'{spec!r} is not a trained draft (draft.json) and {_UNKNOWN}') from None
+  return 'path', spec
 
 
 def load_draft(spec: str, target_config, target_params, dtype: str = 'float32', mesh=None,

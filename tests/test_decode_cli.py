@@ -31,6 +31,16 @@ def test_bad_flags_rejected_before_loading(flags, flag, capsys):
   assert flag in capsys.readouterr().err
 
 
+def test_draft_directory_that_is_no_checkpoint_rejected_before_loading(tmp_path, capsys):
+  """A --draft path that exists but holds neither a trained draft nor a checkpoint is refused
+  by the parser (it used to be found out after the target had loaded)."""
+  (tmp_path / 'notes.txt').write_text('not a model')
+  with pytest.raises(SystemExit):
+    decode.parse_args(['--prompt', 'hi', '--draft', str(tmp_path)])
+  err = capsys.readouterr().err
+  assert '--draft' in err and 'draft.json' in err and 'config.json' in err
+
+
 def test_early_exit_past_the_layer_count_rejected_before_loading(monkeypatch):
   """The layer bound of early-exit:N comes from the checkpoint's metadata, before any weights."""
   from models import gguf_loader, loading  # pylint: disable=g-import-not-at-top
