@@ -68,13 +68,12 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.max_repeats < args.repeats:
     p.error(f'--max-repeats {args.max_repeats} is below --repeats {args.repeats}')
-  rows = [r['prompt'] for r in prompt_files.read_rows(args.prompts_file)
-          if r.get('kind') == args.prompt_kind]
+  rows = prompt_files.select(prompt_files.read_rows(args.prompts_file), [args.prompt_kind], 1)
   if not rows:
     p.error(f'--prompt-kind {args.prompt_kind}: no such prompts in {args.prompts_file}')
   config, params, gguf = loading.load_model(args.model)
   tok = loading.tokenizer_for(gguf)
-  tokens, lengths = js.pad_prompts([tok.encode_chat(rows[0])] * args.batch_size,
+  tokens, lengths = js.pad_prompts([tok.encode_chat(rows[0]['prompt'])] * args.batch_size,
                                    pad_id=tok.pad_id, bucket=64)
   seeds = np.arange(args.batch_size)
   decode = js.DecodeConfig(num_draft_tokens=args.max_draft_tokens,

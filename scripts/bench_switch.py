@@ -64,8 +64,9 @@ def main(argv=None):
     p.error(f'--cycle: every K must be in 0..4, got {",".join(map(str, args.cycle))}')
   if args.prompt is not None and args.prompt_kind is not None:
     p.error('--prompt and --prompt-kind: give one')
-  rows = [r['prompt'] for r in prompt_files.read_rows(args.prompts_file)
-          if r.get('kind') == args.prompt_kind][:args.num_prompts or None]
+  rows = [r['prompt'] for r in prompt_files.select(prompt_files.read_rows(args.prompts_file),
+                                                    [args.prompt_kind], args.num_prompts or 0)
+          ] if args.prompt_kind is not None else []
   if args.prompt_kind is not None and not rows:
     p.error(f'--prompt-kind {args.prompt_kind}: no such prompts in {args.prompts_file}')
   config, params, gguf = loading.load_model(args.model)
