@@ -11,8 +11,9 @@
   will finish last, since the batch's loop lasts as long as its longest row (tokens gained by a
   row that finishes early save no time); without one, over all active rows. Where speculation
   does not pay (a slow draft, a large batch) it picks 0; a K whose round costs K + 1 plain ones
-  or more can never pay and is not compiled, and with no K left the loop runs plain decoding's
-  own round (the draft is never called). Rates change only in rounds that draft
+  or more can never pay and is not compiled (nor, after `measured_cost_model`, one that could
+  not pay at the highest first-position acceptance its start-up rounds leave credible), and
+  with no K left the loop runs plain decoding's own round (the draft is never called). Rates change only in rounds that draft
   and in plain rounds that check a `contracts.DeterministicDraft`'s first token against the
   committed one (free), so after `probe_every` plain rounds in a row that observed nothing one
   round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured
@@ -100,6 +101,7 @@ class Heuristic:
 
 
 STARTUP_ROUNDS = 8  # rounds a call when the start-up prices are measured
+BOUND_DELTA = 1e-3  # the chance that `measured_cost_model`'s max_acceptance reads too low
 
 
 @jax.tree_util.register_dataclass
@@ -190,6 +192,10 @@ class CostModel:
       charged 2% over them, margins of 0.02-0.05 gained at most 0.5 points at acceptance 0.2
       and lost 0.5-1.5 where K = 1 pays 7-15% (`scripts/simulate_schedule.py --min-gains`,
       docs/adaptive.md run 41).
+    max_acceptance: an upper bound, in [0, 1], on the first drafted position's acceptance rate
+      (1 = none). One round's expected tokens a row, 1 + sum_{i<=K} P(tokens 1..i accepted), is
+      at most 1 + K max_acceptance, so `paying()` keeps a K > 0 only if its round costs less
+      than that many plain rounds. `measured_cost_model` sets it from its start-up counts.
   Raises:
     ValueError: ks and round_seconds of different lengths, ks not ascending, non-positive
       costs, or prior, decay, prior_weight, probe_every, probe_budget, horizon, finish_spread
@@ -206,6 +212,7 @@ class CostModel:
   horizon: int | None = None
   finish_spread: float = 1.0
   min_gain: float = 0.0
+  max_acceptance: float = 1.0
 
   def __post_init__(self):
     if len(self.ks) != len(self.round_seconds) or not self.ks:
@@ -218,22 +225,25 @@ class CostModel:
     if not (0 <= self.prior <= 1 and 0 < self.decay <= 1 and self.prior_weight > 0 and
             (self.probe_every is None or self.probe_every >= 0) and self.probe_budget > 0 and
             (self.horizon is None or self.horizon >= 1) and self.finish_spread > 0 and
-            self.min_gain >= 0):
+            self.min_gain >= 0 and 0 <= self.max_acceptance <= 1):
       raise ValueError(f'need prior in [0, 1], decay in (0, 1], prior_weight > 0, probe_every '
                        f'None or >= 0, probe_budget > 0, horizon None or >= 1, finish_spread > 0, '
-                       f'min_gain >= 0; got {self.prior}, {self.decay}, {self.prior_weight}, '
-                       f'{self.probe_every}, {self.probe_budget}, {self.horizon}, '
-                       f'{self.finish_spread}, {self.min_gain}')
+                       f'min_gain >= 0, max_acceptance in [0, 1]; got {self.prior}, {self.decay}, '
+                       f'{self.prior_weight}, {self.probe_every}, {self.probe_budget}, '
+                       f'{self.horizon}, {self.finish_spread}, {self.min_gain}, '
+                       f'{self.max_acceptance}')
 
   def paying(self) -> tuple[int, ...]:
     """The Ks of `ks` a round may run (ascending): K = 0 and every K > 0 whose round costs less
-    than K + 1 plain rounds. A round commits at most K + 1 tokens a row, so a K that costs more
-    never beats plain decoding, whatever the acceptance (at batch 16 on the 2-core CPU of
-    docs/adaptive.md a K = 1 round costs ~2.2 plain ones). Without a K = 0, all of `ks`."""
+    than 1 + K max_acceptance plain rounds. A round commits at most that many tokens a row in
+    expectation (at most K + 1 whatever the acceptance), so a K that costs more never beats
+    plain decoding (at batch 16 on the 2-core CPU of docs/adaptive.md a K = 1 round costs
+    ~1.5-2.2 plain ones). Without a K = 0, all of `ks`."""
     if self.ks[0] != 0:
       return self.ks
     plain = self.round_seconds[0]
-    return tuple(k for k, c in zip(self.ks, self.round_seconds) if k == 0 or c < (k + 1) * plain)
+    return tuple(k for k, c in zip(self.ks, self.round_seconds)
+                 if k == 0 or c < (1 + k * self.max_acceptance) * plain)
 
   def probe_interval(self) -> int:
     """Plain rounds in a row after which a round probes: `probe_every` if given, else
@@ -249,8 +259,8 @@ class CostModel:
     return max(1, int(np.ceil(excess / self.probe_budget - 1e-9)))
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
-    """`paying()`: the Ks that can beat plain decoding at some acceptance rate (only (0,) when
-    none can: the loop then runs plain decoding's own round and never calls the draft)."""
+    """`paying()`: the Ks that can beat plain decoding at some first-position acceptance rate up
+    to `max_acceptance` (only (0,) when none can: the loop then runs plain decoding's own round and never calls the draft)."""
     if self.ks[-1] > max_draft_tokens:
       raise ValueError(f'the cost model has K up to {self.ks[-1]}, more than num_draft_tokens '
                        f'{max_draft_tokens}')
@@ -483,6 +493,26 @@ def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_leng
   return sweeps, examined, accepted
 
 
+def acceptance_bound(accepted: float, examined: float, delta: float = BOUND_DELTA) -> float:
+  """A one-sided upper bound on an acceptance rate from `accepted` of `examined` drafted tokens:
+  the rate is above it with probability at most `delta` (Hoeffding 1963, Thm. 1: the mean of n
+  independent draws in [0, 1] exceeds its expectation by t with probability at most
+  exp(-2 n t^2)), so min(1, accepted / examined + sqrt(ln(1 / delta) / (2 examined))); 1 with
+  nothing examined. It counts every examined token as an independent draw; rows that decode
+  the same prompt greedily repeat one another's draws, which makes the bound read low (with n
+  draws from m distinct prompts, count n / (rows per prompt)).
+
+  Raises:
+    ValueError: counts negative or accepted > examined, or delta outside (0, 1).
+  """
+  if not (0 <= accepted <= examined and 0 < delta < 1):
+    raise ValueError(f'need 0 <= accepted <= examined and delta in (0, 1), got {accepted}, '
+                     f'{examined}, {delta}')
+  if examined == 0:
+    return 1.0
+  return float(min(1.0, accepted / examined + np.sqrt(np.log(1 / delta) / (2 * examined))))
+
+
 def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
                         target, draft, config: loop.DecodeConfig, ks=None,
                         **cost_model_kwargs) -> CostModel:
@@ -494,8 +524,13 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
   defaults: (accepted + 1) / (examined + 2)). A fixed prior of 0.5 had a draft that never pays
   draft its first round of every decode and re-draft after each accepted probe: the exit draft
   on grounded prompts drafted 14 of 120 rounds at acceptance 0.21 where a K = 1 round costs
-  1.38 plain ones, x0.968 of plain (docs/adaptive.md run 35). The rest of `CostModel`'s
-  settings as keywords. Raises what `measure_round_costs` and `CostModel` raise."""
+  1.38 plain ones, x0.968 of plain (docs/adaptive.md run 35). Unless given, `max_acceptance`
+  is the same counts' one-sided upper bound (`acceptance_bound`, Hoeffding at `BOUND_DELTA`), so
+  where even that rate leaves no K paying, the loop compiles plain decoding's own program and
+  pays nothing for the draft, the switch or the schedule (at batch 16 and 32 on the 2-core CPU
+  of docs/adaptive.md, a K = 1 round costs ~1.5-1.7 plain ones and the drafts' first tokens are
+  accepted at ~0.1-0.25). The rest of `CostModel`'s settings as keywords. Raises what
+  `measure_round_costs` and `CostModel` raise."""
   ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
   CostModel(ks=ks, round_seconds=(1.0,) * len(ks), **cost_model_kwargs)  # bad settings: raise now
   sweeps, examined, accepted = measure_round_sweeps(
@@ -505,5 +540,7 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
   if 'prior' not in cost_model_kwargs:
     weight = cost_model_kwargs.get('prior_weight', CostModel.prior_weight)
     cost_model_kwargs['prior'] = (accepted + weight * CostModel.prior) / (examined + weight)
+  if 'max_acceptance' not in cost_model_kwargs:
+    cost_model_kwargs['max_acceptance'] = acceptance_bound(accepted, examined)
   return CostModel(ks=ks, round_seconds=costs,
                    **{'horizon': config.max_new_tokens, **cost_model_kwargs})

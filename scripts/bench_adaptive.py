@@ -169,7 +169,8 @@ def main():
           full = decode_config(args.max_draft_tokens, sampling)
           model, measure_s = bench_rounds.wall_time(lambda: js.measured_cost_model(
               target_params, dp, *batches[0], target=target, draft=draft, config=full))
-          measured[name] = (measure_s, [1e3 * c for c in model.round_seconds], model.prior)
+          measured[name] = (measure_s, [1e3 * c for c in model.round_seconds], model.prior,
+                            model.max_acceptance, list(model.paying()))
           methods[f'{name} auto'] = (draft, dp, decode_config(args.max_draft_tokens, sampling,
                                                               schedule=model))
         runs = bench_rounds.time_methods(target_params, batches, methods, target=target,
@@ -185,14 +186,16 @@ def main():
           if temperature == 0:
             r['identical'] = r['tokens'] == plain['tokens']
           if how == 'auto':
-            r['measure_s'], r['round_ms'], r['prior'] = measured[draft_name]
+            (r['measure_s'], r['round_ms'], r['prior'], r['max_acceptance'],
+             r['paying']) = measured[draft_name]
           results.append(dict(kind=kind, batch_size=b, temperature=temperature,
                               draft=draft_name, method=how, **r))
           print(f'{kind} B={b} T={temperature:g} {method}: {r["tok_s"]:.1f} tok/s '
                 f'x{r["speedup"]:.2f} ±{r["speedup_se"]:.2f} (best times '
                 f'x{r["speedup_best_times"]:.2f}) accept '
                 f'{r["acceptance"]:.2f} K rounds {r["rounds_by_k"]}'
-                + (f' round ms {[round(c, 1) for c in r["round_ms"]]} prior {r["prior"]:.2f}'
+                + (f' round ms {[round(c, 1) for c in r["round_ms"]]} prior {r["prior"]:.2f} '
+                   f'max acceptance {r["max_acceptance"]:.2f} compiled K {r["paying"]}'
                    if how == 'auto' else ''),
                 flush=True)
         _write(args, results)  # every finished cell, in case the run is cut short

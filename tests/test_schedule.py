@@ -313,6 +313,35 @@ def test_cost_model_compiles_only_ks_that_can_pay():
   assert js.CostModel(ks=(1, 2), round_seconds=(5.0, 9.0)).paying() == (1, 2)  # no K = 0
 
 
+@pytest.mark.parametrize('max_acceptance, paying', [(1.0, (0, 1, 2, 3)), (0.6, (0, 1, 2)),
+                                                    (0.45, (0, 2)), (0.4, (0,))])
+def test_cost_model_drops_ks_that_cannot_pay_at_max_acceptance(max_acceptance, paying):
+  """With the first position accepted at most at rate a, a K round commits at most 1 + K a
+  tokens a row in expectation: a K whose round costs that many plain rounds or more is dropped
+  (K = 1 at 1.5 plain rounds needs a > 0.5, K = 2 at 1.85 a > 0.425, K = 3 at 2.9 a > 0.633)."""
+  model = js.CostModel(ks=(0, 1, 2, 3), round_seconds=(1.0, 1.5, 1.85, 2.9),
+                       max_acceptance=max_acceptance)
+  assert model.paying() == model.branches(3) == paying
+
+
+def test_acceptance_bound_covers_the_rate():
+  """Hoeffding's one-sided bound from n Bernoulli(p) draws lies below p in at most a share delta
+  of trials (2000 trials a rate, fixed seed: a share above delta = 0.05 would be 4 standard
+  errors of a binomial share out); nothing examined bounds nothing; bad counts raise."""
+  rng = np.random.default_rng(0)
+  for p, n in [(0.1, 20), (0.5, 50), (0.9, 200)]:
+    accepted = rng.binomial(n, p, size=2000)
+    below = [js.schedule.acceptance_bound(a, n, delta=0.05) < p for a in accepted]
+    assert np.mean(below) <= 0.05, (p, n, np.mean(below))
+  np.testing.assert_allclose(js.schedule.acceptance_bound(10, 100, delta=0.01),
+                             0.1 + np.sqrt(np.log(100) / 200))
+  assert js.schedule.acceptance_bound(0, 0) == 1.0
+  assert js.schedule.acceptance_bound(100, 100) == 1.0
+  for bad in [(3, 2), (-1, 2), (1, 2, 0.0), (1, 2, 1.0)]:
+    with pytest.raises(ValueError):
+      js.schedule.acceptance_bound(*bad)
+
+
 def test_cost_model_min_gain_counts_plain_rate_that_much_more():
   """At batch 1 with every examined token accepted at rate 0.6 (counts far above the prior's),
   K = 1 promises 1.6 tokens a round for a price of 1.5 plain rounds: x1.067 of plain. A margin
@@ -569,10 +598,13 @@ def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params
   model = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
                                  draft=draft, config=config, ks=(1, 2))
   np.testing.assert_allclose(model.prior, (accepted + 1) / (examined + 2), rtol=1e-6)
+  np.testing.assert_allclose(model.max_acceptance,
+                             js.schedule.acceptance_bound(accepted, examined), rtol=1e-6)
   assert model.horizon == MAX_NEW
   kept = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
-                                draft=draft, config=config, ks=(1, 2), prior=0.3, prior_weight=4.)
-  assert (kept.prior, kept.prior_weight) == (0.3, 4.)
+                                draft=draft, config=config, ks=(1, 2), prior=0.3, prior_weight=4.,
+                                max_acceptance=1.0)
+  assert (kept.prior, kept.prior_weight, kept.max_acceptance) == (0.3, 4., 1.0)
 
   def measured(*args, **kwargs):
     raise AssertionError('measured before the settings were checked')
@@ -597,7 +629,8 @@ def test_bad_schedule_settings_rejected(kwargs, message):
 @pytest.mark.parametrize('kwargs', [dict(ks=(1, 0), round_seconds=(1., 1.)),
                                     dict(ks=(0, 1), round_seconds=(1.,)),
                                     dict(ks=(0, 1), round_seconds=(1., 0.)),
-                                    dict(ks=(0, 1), round_seconds=(1., 1.), decay=0.)])
+                                    dict(ks=(0, 1), round_seconds=(1., 1.), decay=0.),
+                                    dict(ks=(0, 1), round_seconds=(1., 1.), max_acceptance=1.1)])
 def test_bad_cost_model_rejected(kwargs):
   with pytest.raises(ValueError):
     js.CostModel(**kwargs)
