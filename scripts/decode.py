@@ -252,7 +252,8 @@ def main(argv=None):
                    'token_ids': t, 'finish_reason': why}
                   for p, sd, t, why in zip(prompts, seeds, spec_ids, spec['finish_reasons'])],
       'finish_reasons': spec['finish_reasons'],
-      **{k: spec[k] for k in ('acceptance_rate', 'mean_accepted_length', 'target_forward_passes',
+      **{k: spec[k] for k in ('acceptance_rate', 'drafted_tokens', 'mean_accepted_length',
+                              'target_forward_passes',
                               'new_tokens', 'tokens_per_second', 'compile_seconds',
                               'accepted_length_histogram', 'position_acceptance',
                               'rounds_by_k')},
@@ -303,7 +304,8 @@ def print_report(r, streamed=False):
           ('finish reasons', ', '.join(f'{w} {r["finish_reasons"].count(w)}'
                                        for w in ('eos', 'length', 'nonfinite')
                                        if w in r['finish_reasons'])),
-          ('acceptance rate', f'{r["acceptance_rate"]:.3f}'),
+          ('acceptance rate', f'{r["acceptance_rate"]:.3f}' if r['drafted_tokens'] else
+           '- (nothing drafted)'),
           ('acceptance at drafted position 1, 2, ..',
            ', '.join('-' if a is None else f'{a:.2f}' for a in r['position_acceptance'])
            + (' (-: never examined)' if None in r['position_acceptance'] else '')),

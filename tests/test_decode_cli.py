@@ -68,3 +68,22 @@ def test_prompts_file_seeds(tmp_path):
   assert decode.parse_args(['--verifier', 'mixture:0.5']).verifier.lossy
   assert decode.parse_args(['--num-draft-tokens', 'auto']).num_draft_tokens == 'auto'
   assert decode.parse_args(['--num-draft-tokens', 'heuristic']).num_draft_tokens == 'heuristic'
+
+
+def _report(**kw):
+  return {'results': [], 'draft': 'ngram', 'num_draft_tokens': 'auto', 'temperature': 0.0,
+          'verifier': 'exact', 'lossy': False, 'finish_reasons': ['eos'],
+          'acceptance_rate': 0.0, 'drafted_tokens': 0, 'position_acceptance': [None],
+          'rounds_by_k': [8, 0], 'mean_accepted_length': 1.0, 'target_forward_passes': 8,
+          'new_tokens': 8, 'tokens_per_second': 10.0, 'compile_seconds': 1.0, **kw}
+
+
+def test_report_says_nothing_drafted_rather_than_a_zero_rate(capsys):
+  """An `auto` run that drafted nothing has no acceptance rate: the report says so instead of
+  printing 0.000, which reads as every drafted token rejected."""
+  decode.print_report(_report(), streamed=True)
+  line = next(l for l in capsys.readouterr().out.splitlines() if 'acceptance rate' in l)
+  assert 'nothing drafted' in line and '0.000' not in line
+  decode.print_report(_report(drafted_tokens=6), streamed=True)
+  line = next(l for l in capsys.readouterr().out.splitlines() if 'acceptance rate' in l)
+  assert '0.000' in line
