@@ -13,12 +13,13 @@
   does not pay (a slow draft, a large batch) it picks 0; a K whose round costs K + 1 plain ones
   or more can never pay and is not compiled (nor, after `measured_cost_model`, one that could
   not pay at the highest first-position acceptance its start-up rounds leave credible), and
-  with no K left the loop runs plain decoding's own round (the draft is never called). Rates change only in rounds that draft
-  and in plain rounds that check a `contracts.DeterministicDraft`'s first token against the
-  committed one (free), so after `probe_every` plain rounds in a row that observed nothing one
-  round drafts with the smallest K > 0 (a probe); by default the wait is set from the measured
-  costs so that probes that find nothing cost at most `probe_budget` (2%) of the decoding time,
-  and no probe runs with fewer rounds left than that wait (it could not pay for itself).
+  with no K left the loop runs plain decoding's own round (the draft is never called). Rates
+  change only in rounds that draft and in plain rounds that check a
+  `contracts.DeterministicDraft`'s first token against the committed one (free), so after
+  `probe_every` plain rounds in a row that observed nothing one round drafts with the smallest
+  K > 0 (a probe); by default the wait is set from the measured costs so that probes that find
+  nothing cost at most `probe_budget` (2%) of the decoding time, and no probe runs with fewer
+  rounds left than that wait (it could not pay for itself).
 
 Neither changes what is sampled: K depends only on rounds already committed.
 """
@@ -260,7 +261,8 @@ class CostModel:
 
   def branches(self, max_draft_tokens: int) -> tuple[int, ...]:
     """`paying()`: the Ks that can beat plain decoding at some first-position acceptance rate up
-    to `max_acceptance` (only (0,) when none can: the loop then runs plain decoding's own round and never calls the draft)."""
+    to `max_acceptance` (only (0,) when none can: the loop then runs plain decoding's own round
+    and never calls the draft)."""
     if self.ks[-1] > max_draft_tokens:
       raise ValueError(f'the cost model has K up to {self.ks[-1]}, more than num_draft_tokens '
                        f'{max_draft_tokens}')

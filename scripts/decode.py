@@ -186,12 +186,13 @@ def main(argv=None):
       start = time.perf_counter()
       model = js.measured_cost_model(params, draft_params, tokens, lengths, keys, target=target,
                                      draft=draft, config=decode_config(args.max_draft_tokens))
+      paying = model.paying()
       _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
                                           for kk, c in zip(model.ks, model.round_seconds)) +
            f'; first-position acceptance prior {model.prior:.2f}, at most '
            f'{model.max_acceptance:.2f} (bound at {1 - js.schedule.BOUND_DELTA:.1%}); K that '
-           f'can pay: {", ".join(map(str, model.paying()))}'
-           + (' (none: plain decoding\'s program)' if model.paying() == (0,) else '')
+           f'can pay: {", ".join(map(str, paying))}'
+           + (' (none: plain decoding\'s program)' if paying == (0,) else '')
            + f' (measured in {time.perf_counter() - start:.0f} s)')
       return decode_config(args.max_draft_tokens, schedule=model, **early)
     return decode_config(k, **early)
