@@ -443,7 +443,7 @@ def round_costs(sweep_seconds: dict, ks, rounds: int) -> tuple[float, ...]:
 def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
                          target, draft, config: loop.DecodeConfig, ks,
                          rounds: int = STARTUP_ROUNDS, repeats: int = 5, max_repeats: int = 20,
-                         budget_s: float = 20.0) -> tuple[dict, float, float]:
+                         budget_s: float = 20.0, more_prompts=()) -> tuple[dict, float, float]:
   """The wall seconds of `rounds` rounds at each K of `ks`, in sweeps, and the first drafted
   position's (examined, accepted) counts over every K's warm-up rounds and rows (a deterministic
   draft's plain-round checks included): `({K: [sweeps] seconds}, examined, accepted)`. For each
@@ -462,8 +462,11 @@ def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_leng
   break-even.
 
   Args: as `generate`; config.num_draft_tokens is the largest K; 1 <= repeats <= max_repeats;
-    budget_s >= 0.
-  Raises: as `measure_round_costs`.
+    budget_s >= 0; more_prompts: further batches `(prompt_tokens, prompt_lengths, seeds)`, as
+    the first (e.g. the other prompts that one compiled program will decode), whose warm-up
+    rounds at every K join the counts; they are not timed (same shapes as the first: nothing
+    recompiles).
+  Raises: as `measure_round_costs`, and what `generate` raises for a batch of more_prompts.
   """
   if not 1 <= repeats <= max_repeats or budget_s < 0:
     raise ValueError(f'need 1 <= repeats <= max_repeats and budget_s >= 0, got {repeats}, '
@@ -473,15 +476,21 @@ def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_leng
                      f'{tuple(ks)}')
   branches = tuple(sorted(set(ks)))
   config = dataclasses.replace(config, schedule=_Forced(branches))
-  args, statics = loop._checked_args(target_params, draft_params, prompt_tokens,  # pylint: disable=protected-access
-                                     prompt_lengths, seeds, target=target, draft=draft,
-                                     config=config)
-  state = jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics)
+  def prefilled(batch):
+    args, statics = loop._checked_args(target_params, draft_params, *batch, target=target,  # pylint: disable=protected-access
+                                       draft=draft, config=config)
+    return jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics), statics
+
+  states = [prefilled(b)[0] for b in more_prompts]  # bad batches raise before the timing
+  state, statics = prefilled((prompt_tokens, prompt_lengths, seeds))
   run = bench.round_loop(statics, rounds, loop.decode_step)  # one program for every K
   jobs = {k: (run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
                     draft_params)) for i, k in enumerate(branches)}
+  warm_ups = list(jobs.values()) + [(run, (dataclasses.replace(s, schedule=jnp.int32(i)),
+                                           target_params, draft_params))
+                                    for s in states for i in range(len(branches))]
   examined = accepted = 0.0
-  for fn, job_args in jobs.values():  # the warm-up: compiles once, and counts what was accepted
+  for fn, job_args in warm_ups:  # the warm-up: compiles once, and counts what was accepted
     metrics = fn(*job_args)[1]
     reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
     examined += float(jnp.sum(reached_BK[:, 0]))
@@ -516,7 +525,7 @@ def acceptance_bound(accepted: float, examined: float, delta: float = BOUND_DELT
 
 
 def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengths, seeds, *,
-                        target, draft, config: loop.DecodeConfig, ks=None,
+                        target, draft, config: loop.DecodeConfig, ks=None, more_prompts=(),
                         **cost_model_kwargs) -> CostModel:
   """A `CostModel` over `ks` (default 0..num_draft_tokens) with round costs measured here
   (`measure_round_costs`) on these prompts, `horizon` = config.max_new_tokens and, unless given,
@@ -531,13 +540,17 @@ def measured_cost_model(target_params, draft_params, prompt_tokens, prompt_lengt
   where even that rate leaves no K paying, the loop compiles plain decoding's own program and
   pays nothing for the draft, the switch or the schedule (at batch 16 and 32 on the 2-core CPU
   of docs/adaptive.md, a K = 1 round costs ~1.5-1.7 plain ones and the drafts' first tokens are
-  accepted at ~0.1-0.25). The rest of `CostModel`'s settings as keywords. Raises what
-  `measure_round_costs` and `CostModel` raise."""
+  accepted at ~0.1-0.25). `more_prompts` (`measure_round_sweeps`): further batches that the
+  model will serve, whose start-up rounds join the prior's and the bound's counts (prices come
+  from the first batch alone): a prior from one prompt misled the others (EAGLE on chat
+  prompts at batch 1: 0.57 from the first prompt, acceptance 0.14 over three, 22 of 101 rounds
+  drafted, x0.94 of plain in docs/adaptive.md run 43). The rest of `CostModel`'s settings as
+  keywords. Raises what `measure_round_costs` and `CostModel` raise."""
   ks = tuple(range(config.num_draft_tokens + 1)) if ks is None else tuple(ks)
   CostModel(ks=ks, round_seconds=(1.0,) * len(ks), **cost_model_kwargs)  # bad settings: raise now
   sweeps, examined, accepted = measure_round_sweeps(
       target_params, draft_params, prompt_tokens, prompt_lengths, seeds, target=target,
-      draft=draft, config=config, ks=ks)
+      draft=draft, config=config, ks=ks, more_prompts=more_prompts)
   costs = round_costs(sweeps, ks, STARTUP_ROUNDS)
   if 'prior' not in cost_model_kwargs:
     weight = cost_model_kwargs.get('prior_weight', CostModel.prior_weight)

@@ -168,7 +168,8 @@ def main():
                 args.max_draft_tokens, sampling, schedule=js.Heuristic()))
           full = decode_config(args.max_draft_tokens, sampling)
           model, measure_s = bench_rounds.wall_time(lambda: js.measured_cost_model(
-              target_params, dp, *batches[0], target=target, draft=draft, config=full))
+              target_params, dp, *batches[0], target=target, draft=draft, config=full,
+              more_prompts=batches[1:]))  # one model for every prompt: its prior from all
           measured[name] = (measure_s, [1e3 * c for c in model.round_seconds], model.prior,
                             model.max_acceptance, list(model.paying()))
           methods[f'{name} auto'] = (draft, dp, decode_config(args.max_draft_tokens, sampling,

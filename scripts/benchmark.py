@@ -351,7 +351,7 @@ def _operations(args, params, target, tok, rows, prompt_ids, drafts, plots, gguf
       # K in 0..K chosen per round inside the loop, round costs measured on this batch size
       print(f'B={b}: measuring the round cost of each K for {n} auto', flush=True)
       auto = js.measured_cost_model(params, dparams, *batches[0], target=target, draft=draft,
-                                    config=fixed)
+                                    config=fixed, more_prompts=batches[1:])
       methods[f'{n} auto'] = (draft, dparams, dataclasses.replace(fixed, schedule=auto))
     print(f'B={b}: compiling {len(methods)} methods, then timing them interleaved over '
           f'{len(batches)} batch(es)', flush=True)

@@ -606,6 +606,26 @@ def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params
                                 max_acceptance=1.0)
   assert (kept.prior, kept.prior_weight, kept.max_acceptance) == (0.3, 4., 1.0)
 
+  # Further prompts' start-up rounds join the counts; the prices come from the first batch.
+  other_tokens, other_lengths = js.pad_prompts(PROMPTS[::-1], bucket=16)
+  more = [(other_tokens, other_lengths, seeds + 1)]
+  for k in (1, 2):
+    steps = js.generate_steps(PARAMS, draft_params, *more[0], target=TARGET, draft=draft,
+                              config=dataclasses.replace(config, num_draft_tokens=k))
+    for _, state in zip(range(8), steps):
+      metrics = jax.device_get(state.metrics)
+    examined += int(metrics.position_reached[:, 0].sum())
+    accepted += int(metrics.position_accepted[:, 0].sum())
+  pooled = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                                  draft=draft, config=config, ks=(1, 2), more_prompts=more)
+  np.testing.assert_allclose(pooled.prior, (accepted + 1) / (examined + 2), rtol=1e-6)
+  np.testing.assert_allclose(pooled.max_acceptance,
+                             js.schedule.acceptance_bound(accepted, examined), rtol=1e-6)
+  with pytest.raises(ValueError):
+    js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
+                           draft=draft, config=config, ks=(1, 2),
+                           more_prompts=[(other_tokens, other_lengths[:1], seeds)])
+
   def measured(*args, **kwargs):
     raise AssertionError('measured before the settings were checked')
   monkeypatch.setattr(js.schedule, 'measure_round_sweeps', measured)
