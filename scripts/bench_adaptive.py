@@ -4,8 +4,10 @@ draft, prompt kind (dev chat / grounded), temperature and batch size; tokens/s s
 
 At batch 1 every prompt is decoded alone (all padded to one bucket, so a configuration compiles
 once); at batch B the kind's prompts are repeated to fill B rows (distinct seeds) in one call.
-Compile time and the cost measurement are reported apart, never inside tokens/s. At temperature
-0 every configuration must reproduce plain greedy tokens (checked). At temperature > 0 the
+Compile time and the cost measurement are reported apart, never inside tokens/s; `auto` is
+measured once a cell (prices on its first batch, the prior and bound from every batch's start-up
+rounds: one program serves them all). At temperature 0 every configuration must reproduce plain
+greedy tokens (checked). At temperature > 0 the
 methods draw different samples, so rows decode exactly --max-new-tokens tokens, past the
 end-of-turn token (as throughput benchmarks do with ignore_eos): stopping there would give each
 method its own sequence lengths and so its own share of prefill in tokens/s. Plain decoding is
