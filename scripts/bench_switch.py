@@ -1,11 +1,12 @@
 """What the adaptive-K switch costs: plain decoding against `auto` forced to K = 0 every round
 (a cost model whose drafting rounds could pay only at rates ~1, no probes), with 5 and with 2
-compiled branches, with each of --drafts compiled in (default the n-gram), on one prompt or
-(--prompt-kind) on the dev prompts of a kind, each decoded alone, by --batch-size rows together;
-warm runs, interleaved; plain is timed twice ('plain again', the same program: the run's
-noise); and the same for drafting rounds: a fixed K = 1 against `auto` forced to K = 1 every
+compiled branches and with none (a cost model that leaves no K paying: plain decoding's program,
+the draft's params passed in unused), with each of --drafts compiled in (default the n-gram), on
+one prompt or (--prompt-kind) on the dev prompts of a kind, each decoded alone, by --batch-size
+rows together; warm runs, interleaved; plain is timed twice ('plain again', the same program: the
+run's noise); and the same for drafting rounds: a fixed K = 1 against `auto` forced to K = 1 every
 round (K = 1 priced as a plain round, K >= 2 just under the K + 1 bound, so all 5 branches stay
-compiled and K = 1 always wins); --k0-only times plain and the 5-branch K = 0 program only.
+compiled and K = 1 always wins); --k0-only times plain and the K = 0 programs only.
 Prints each method's best wall ms and its speed over plain two ways: by best times (over the
 first copy) and over all sweeps (± its standard error, `bench_rounds.speedups_over_plain`:
 over both plain copies pooled, except 'plain again', which is over the first copy).
@@ -23,6 +24,7 @@ over both plain copies pooled, except 'plain again', which is over the first cop
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 import numpy as np
@@ -92,6 +94,9 @@ def main(argv=None):
     draft, draft_params = loading.load_draft(spec, config, params, target_tokenizer=tok)
     name = os.path.basename(spec)
     methods[f'{name} auto, 5 branches, K=0'] = (draft, draft_params, cfg(4, schedule=off(4)))
+    # No K can pay at a first-position acceptance of at most 0: plain decoding's program.
+    methods[f'{name} auto, plain only'] = (draft, draft_params, cfg(4, schedule=dataclasses.replace(
+        off(4), max_acceptance=0.0)))
     if args.cycle:
       methods[f'{name} auto, 5 branches, K=1'] = (draft, draft_params, cfg(4, schedule=on))
       methods[f'{name} {cycle_label}'] = (
