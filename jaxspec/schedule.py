@@ -27,6 +27,7 @@ Neither changes what is sampled: K depends only on rounds already committed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import jax
@@ -476,25 +477,26 @@ def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_leng
                      f'{tuple(ks)}')
   branches = tuple(sorted(set(ks)))
   config = dataclasses.replace(config, schedule=_Forced(branches))
-  def prefilled(batch):
-    args, statics = loop._checked_args(target_params, draft_params, *batch, target=target,  # pylint: disable=protected-access
-                                       draft=draft, config=config)
-    return jax.jit(loop.init_state, static_argnames=tuple(statics))(*args, **statics), statics
+  def checked(batch):  # (args, statics) of `generate`; raises on a bad batch
+    return loop._checked_args(target_params, draft_params, *batch, target=target, draft=draft,  # pylint: disable=protected-access
+                              config=config)
 
-  states = [prefilled(b)[0] for b in more_prompts]  # bad batches raise before the timing
-  state, statics = prefilled((prompt_tokens, prompt_lengths, seeds))
+  more = [checked(b)[0] for b in more_prompts]  # bad batches raise before any work
+  args, statics = checked((prompt_tokens, prompt_lengths, seeds))
+  init = jax.jit(loop.init_state, static_argnames=tuple(statics))
   run = bench.round_loop(statics, rounds, loop.decode_step)  # one program for every K
-  jobs = {k: (run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
-                    draft_params)) for i, k in enumerate(branches)}
-  warm_ups = list(jobs.values()) + [(run, (dataclasses.replace(s, schedule=jnp.int32(i)),
-                                           target_params, draft_params))
-                                    for s in states for i in range(len(branches))]
+  forced = lambda state: [(run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
+                                 draft_params)) for i in range(len(branches))]
+  jobs = dict(zip(branches, forced(init(*args, **statics))))
   examined = accepted = 0.0
-  for fn, job_args in warm_ups:  # the warm-up: compiles once, and counts what was accepted
-    metrics = fn(*job_args)[1]
-    reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
-    examined += float(jnp.sum(reached_BK[:, 0]))
-    accepted += float(jnp.sum(accepted_BK[:, 0]))
+  # The warm-up compiles once and counts what was accepted; further batches prefilled in turn.
+  for batch_jobs in itertools.chain([jobs.values()],
+                                    (forced(init(*a, **statics)) for a in more)):
+    for fn, job_args in batch_jobs:
+      metrics = fn(*job_args)[1]
+      reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
+      examined += float(jnp.sum(reached_BK[:, 0]))
+      accepted += float(jnp.sum(accepted_BK[:, 0]))
   start = time.perf_counter()
   sweeps = bench.timed_sweeps(jobs, reps=repeats, warm_up=False)
   while len(sweeps[branches[0]]) < max_repeats and time.perf_counter() - start < budget_s:
