@@ -27,7 +27,6 @@ Neither changes what is sampled: K depends only on rounds already committed.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 
 import jax
@@ -481,22 +480,26 @@ def measure_round_sweeps(target_params, draft_params, prompt_tokens, prompt_leng
     return loop._checked_args(target_params, draft_params, *batch, target=target, draft=draft,  # pylint: disable=protected-access
                               config=config)
 
-  more = [checked(b)[0] for b in more_prompts]  # bad batches raise before any work
+  further = [checked(b)[0] for b in more_prompts]  # bad batches raise before any work
   args, statics = checked((prompt_tokens, prompt_lengths, seeds))
   init = jax.jit(loop.init_state, static_argnames=tuple(statics))
   run = bench.round_loop(statics, rounds, loop.decode_step)  # one program for every K
   forced = lambda state: [(run, (dataclasses.replace(state, schedule=jnp.int32(i)), target_params,
                                  draft_params)) for i in range(len(branches))]
   jobs = dict(zip(branches, forced(init(*args, **statics))))
-  examined = accepted = 0.0
-  # The warm-up compiles once and counts what was accepted; further batches prefilled in turn.
-  for batch_jobs in itertools.chain([jobs.values()],
-                                    (forced(init(*a, **statics)) for a in more)):
+
+  def warm_up(batch_jobs):  # each job once (the first compiles): first-position counts
+    examined = accepted = 0.0
     for fn, job_args in batch_jobs:
       metrics = fn(*job_args)[1]
       reached_BK, accepted_BK = _round_outcome(jax.tree.map(jnp.zeros_like, metrics), metrics)
       examined += float(jnp.sum(reached_BK[:, 0]))
       accepted += float(jnp.sum(accepted_BK[:, 0]))
+    return examined, accepted
+
+  # Further batches are prefilled in turn, so no two of their states are held at once.
+  counts = [warm_up(jobs.values())] + [warm_up(forced(init(*a, **statics))) for a in further]
+  examined, accepted = (sum(c) for c in zip(*counts))
   start = time.perf_counter()
   sweeps = bench.timed_sweeps(jobs, reps=repeats, warm_up=False)
   while len(sweeps[branches[0]]) < max_repeats and time.perf_counter() - start < budget_s:

@@ -586,14 +586,19 @@ def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params
   tokens, lengths = js.pad_prompts(PROMPTS, bucket=16)
   config = js.DecodeConfig(num_draft_tokens=2, max_new_tokens=MAX_NEW, sampling=GREEDY)
   seeds = np.zeros(len(lengths), int)
-  examined = accepted = 0
-  for k in (1, 2):
-    steps = js.generate_steps(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
-                              draft=draft, config=dataclasses.replace(config, num_draft_tokens=k))
-    for _, state in zip(range(8), steps):  # measure_round_costs' default rounds
-      metrics = jax.device_get(state.metrics)
-    examined += int(metrics.position_reached[:, 0].sum())
-    accepted += int(metrics.position_accepted[:, 0].sum())
+
+  def startup_counts(batch):  # first-position (examined, accepted) over each K's first rounds
+    examined = accepted = 0
+    for k in (1, 2):
+      steps = js.generate_steps(PARAMS, draft_params, *batch, target=TARGET, draft=draft,
+                                config=dataclasses.replace(config, num_draft_tokens=k))
+      for _, state in zip(range(8), steps):  # measure_round_costs' default rounds
+        metrics = jax.device_get(state.metrics)
+      examined += int(metrics.position_reached[:, 0].sum())
+      accepted += int(metrics.position_accepted[:, 0].sum())
+    return examined, accepted
+
+  examined, accepted = startup_counts((tokens, lengths, seeds))
   assert examined > 0
   model = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
                                  draft=draft, config=config, ks=(1, 2))
@@ -609,19 +614,13 @@ def test_measured_cost_model_prior_counts_the_startup_rounds(draft, draft_params
   # Further prompts' start-up rounds join the counts; the prices come from the first batch.
   other_tokens, other_lengths = js.pad_prompts(PROMPTS[::-1], bucket=16)
   more = [(other_tokens, other_lengths, seeds + 1)]
-  for k in (1, 2):
-    steps = js.generate_steps(PARAMS, draft_params, *more[0], target=TARGET, draft=draft,
-                              config=dataclasses.replace(config, num_draft_tokens=k))
-    for _, state in zip(range(8), steps):
-      metrics = jax.device_get(state.metrics)
-    examined += int(metrics.position_reached[:, 0].sum())
-    accepted += int(metrics.position_accepted[:, 0].sum())
+  examined, accepted = np.add((examined, accepted), startup_counts(more[0]))
   pooled = js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
                                   draft=draft, config=config, ks=(1, 2), more_prompts=more)
   np.testing.assert_allclose(pooled.prior, (accepted + 1) / (examined + 2), rtol=1e-6)
   np.testing.assert_allclose(pooled.max_acceptance,
                              js.schedule.acceptance_bound(accepted, examined), rtol=1e-6)
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match='prompt_lengths'):
     js.measured_cost_model(PARAMS, draft_params, tokens, lengths, seeds, target=TARGET,
                            draft=draft, config=config, ks=(1, 2),
                            more_prompts=[(other_tokens, other_lengths[:1], seeds)])
