@@ -190,9 +190,9 @@ def main(argv=None):
       _say('round ms by K: ' + ', '.join(f'{kk}: {1e3 * c:.1f}'
                                           for kk, c in zip(model.ks, model.round_seconds)) +
            f'; first-position acceptance prior {model.prior:.2f}, at most '
-           f'{model.max_acceptance:.2f} (bound at {1 - js.schedule.BOUND_DELTA:.1%}); K that '
-           f'can pay: {", ".join(map(str, paying))}'
-           + (' (none: plain decoding\'s program)' if paying == (0,) else '')
+           f'{model.max_acceptance:.2f} (bound at {1 - js.schedule.BOUND_DELTA:.1%}); K the '
+           f'loop may pick: 0 (a plain round)' + ''.join(f', {kk}' for kk in paying[1:])
+           + (' only: no K > 0 can pay, plain decoding\'s program' if paying == (0,) else '')
            + f' (measured in {time.perf_counter() - start:.0f} s)')
       return decode_config(args.max_draft_tokens, schedule=model, **early)
     return decode_config(k, **early)
