@@ -18,10 +18,13 @@ plain's: a best time keeps one lucky call, and a copy of one program read x1.05 
 batch 32 here) against plain's two copies pooled (`bench_rounds.pooled_reference`: two
 measurements of one speed; the JSON keeps each method's ratio to the first copy alone too, as
 'speedup_first_plain'); tok/s are from best times. Writes `<out>/adaptive.json` and
-`<out>/adaptive.md`, whose last column and line say which cells meet issue 12's bars.
+`<out>/adaptive.md`, whose last column and line say which cells meet issue 12's bars, and a
+line setting plain decoding's round against the weight-read floor (the target's weight bytes
+over this machine's copy bandwidth, as bench_verify_cost.py).
 
   .venv/bin/python scripts/bench_adaptive.py --quick
-  # issue 12's whole figure in one run (~80 min on the 2-core CPU of docs/adaptive.md, run 41):
+  # issue 12's whole figure in one run (~95 min on the 2-core CPU of docs/adaptive.md, run 44;
+  # run 45 took as long with --batch-repeats 16):
   # the batch-1 grid, and batch 16 and 32 on chat at T = 0
   .venv/bin/python scripts/bench_adaptive.py --prompt-kinds chat,grounded --num-prompts 3 \\
       --max-new-tokens 48 --temperatures 0,1 --num-draft-tokens 1,4 --max-draft-tokens 4 \\
@@ -38,7 +41,7 @@ import os
 import numpy as np
 
 import jaxspec as js
-from jaxspec import bench_rounds, speedup
+from jaxspec import bench, bench_rounds, speedup
 from models import cli, loading, prompts as prompt_files
 
 DRAFTS = ','.join(['ngram', os.path.join(cli.ROOT, 'drafts', 'smollm2_exit'),
@@ -135,9 +138,12 @@ def main():
   if args.render:
     with open(os.path.join(args.out, 'adaptive.json'), encoding='utf-8') as f:
       stored = json.load(f)
-    print(_write(argparse.Namespace(**{**stored['args'], 'out': args.out}), stored['results']))
+    print(_write(argparse.Namespace(**{**stored['args'], 'out': args.out}), stored['results'],
+                 stored.get('floor')))
     return
   config, target_params, gguf = loading.load_model(args.model)
+  floor = dict(weight_bytes=bench.nbytes(target_params),
+               copy_bytes_per_s=bench.host_copy_bandwidth())
   tok = loading.tokenizer_for(gguf)
   target, eos = loading.forward_for(config), tok.chat_eos_id
   rows = prompt_files.read_rows(args.prompts_file)
@@ -201,18 +207,18 @@ def main():
                    f'max acceptance {r["max_acceptance"]:.2f} compiled K {r["paying"]}'
                    if how == 'auto' else ''),
                 flush=True)
-        _write(args, results)  # every finished cell, in case the run is cut short
-  print(_write(args, results))
+        _write(args, results, floor)  # every finished cell, in case the run is cut short
+  print(_write(args, results, floor))
 
 
-def _write(args, results):
+def _write(args, results, floor=None):
   """Writes `<out>/adaptive.json` and `<out>/adaptive.md` (the table, returned) from the rows so
-  far (their token ids left out)."""
+  far (their token ids left out), with the floor line (`_floor_line`) when `floor` is given."""
   os.makedirs(args.out, exist_ok=True)
   rows = [{k: v for k, v in r.items() if k != 'tokens'} for r in results]
   with open(os.path.join(args.out, 'adaptive.json'), 'w', encoding='utf-8') as f:
-    json.dump({'args': vars(args), 'results': rows}, f, indent=1)
-  table = _table(rows)
+    json.dump({'args': vars(args), 'floor': floor, 'results': rows}, f, indent=1)
+  table = _table(rows) + _floor_line(rows, floor)
   with open(os.path.join(args.out, 'adaptive.md'), 'w', encoding='utf-8') as f:
     f.write(table)
   return table
@@ -261,6 +267,27 @@ def _table(results):
       lines.append('| ' + ' | '.join(row) + ' |')
   lines.append(f'\nbars met in {sum(met_cells)} of {len(met_cells)} cells')
   return '\n'.join(lines) + '\n'
+
+
+def _floor_line(results, floor) -> str:
+  """Plain decoding's round against the physical floor: `floor` (weight_bytes: the target's
+  parameter bytes; copy_bytes_per_s: `bench.host_copy_bandwidth`, read + written bytes) gives
+  the weight-read floor, weight_bytes / copy_bytes_per_s seconds a round (every weight read
+  once; bench_verify_cost.py's floor); a plain round is plain's best seconds over its rounds
+  summed over the batches (prefill included), per batch size (the fastest cell). '' without
+  `floor` (runs stored before it)."""
+  if not floor:
+    return ''
+  floor_ms = 1e3 * floor['weight_bytes'] / floor['copy_bytes_per_s']
+  rounds = {}
+  for r in results:
+    if r['method'] == 'plain':
+      ms = 1e3 * sum(r['batch_seconds']) / sum(r['batch_rounds'])
+      rounds[r['batch_size']] = min(ms, rounds.get(r['batch_size'], ms))
+  plain = ', '.join(f'B={b} {ms:.1f} ms ({ms / floor_ms:.2f}x)' for b, ms in rounds.items())
+  return (f'\nweight-read floor {floor_ms:.1f} ms a round ({floor["weight_bytes"] / 1e6:.0f} MB '
+          f'of weights / {floor["copy_bytes_per_s"] / 1e9:.1f} GB/s copy bandwidth); plain '
+          f'decoding\'s round: {plain}\n')
 
 
 def _priced(auto, plain, batch_size):
